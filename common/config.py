@@ -1,0 +1,167 @@
+"""Run configuration: Flower's run config (kebab-case keys) turned into pydantic models.
+
+Every key the app reads is a field here or in a strategy's own model; anything else is
+refused. Errors surface as one `ConfigError` line naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Dataset = Literal["fmnist", "mnist", "cifar10", "cifar100", "digits"]
+ModelName = Literal["auto", "linear", "cnn-mnist", "cnn-cifar", "mlp"]
+DEFAULT_MODEL: dict[str, str] = {
+    "fmnist": "linear",
+    "mnist": "cnn-mnist",
+    "cifar10": "cnn-cifar",
+    "cifar100": "cnn-cifar",
+    "digits": "mlp",
+}
+MODEL_DATASETS: dict[str, set[str]] = {
+    "linear": {"fmnist", "mnist"},
+    "cnn-mnist": {"fmnist", "mnist"},
+    "cnn-cifar": {"cifar10", "cifar100"},
+    "mlp": {"digits", "fmnist", "mnist"},
+}
+NUM_CLASSES: dict[str, int] = {
+    "fmnist": 10,
+    "mnist": 10,
+    "cifar10": 10,
+    "cifar100": 100,
+    "digits": 10,
+}
+ModelT = TypeVar("ModelT", bound="KebabModel")
+FIX_HINT = "fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
+
+
+class ConfigError(ValueError):
+    """A run-config problem, phrased as one line a user can act on."""
+
+
+class KebabModel(BaseModel):
+    """Fields are read from kebab-case keys (`local-epochs` -> `local_epochs`)."""
+
+    model_config = ConfigDict(
+        alias_generator=lambda name: name.replace("_", "-"),
+        populate_by_name=True,
+        extra="ignore",
+        frozen=True,
+    )
+
+    @classmethod
+    def keys(cls) -> set[str]:
+        return {field.alias or name for name, field in cls.model_fields.items()}
+
+
+class RunConfig(KebabModel):
+    """The keys shared by every strategy (see pyproject.toml for their meaning)."""
+
+    strategy: str = "fedbuff"
+    run_name: str = ""
+    runs_dir: str = ""
+    seed: int = Field(0, ge=0)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+    dataset: Dataset = "fmnist"
+    data_dir: str = ""
+    model: ModelName = "auto"
+    partition: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    dirichlet_alpha: float = Field(1.0, gt=0)
+    dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
+    classes_per_client: int = Field(2, ge=1)
+    test_split: Literal["standard", "holdout"] = "standard"
+    client_val_fraction: float = Field(0.1, ge=0, lt=1)
+    num_clients: int = Field(50, ge=1)
+
+    concurrency: int = Field(10, ge=1)
+    buffer_size: int = Field(5, ge=1)
+    local_epochs: int = Field(5, ge=1)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(0.01, gt=0)
+    lr_decay: float = Field(0.999, gt=0, le=1)
+    proximal_mu: float = Field(0.0, ge=0)
+
+    clock: Literal["virtual", "wall"] = "virtual"
+    latency: Literal["uniform", "long-tail", "slow-fraction"] = "uniform"
+    latency_min: float = Field(10.0, gt=0)
+    latency_max: float = Field(500.0, gt=0)
+    slow_fraction: float = Field(0.3, ge=0, le=1)
+    slow_factor: float = Field(5.0, ge=1)
+    latency_jitter: float = Field(0.0, ge=0, lt=1)
+
+    max_virtual_time: float = Field(30000.0, ge=0)
+    max_versions: int = Field(0, ge=0)
+    target_accuracy: float = Field(0.0, ge=0, le=1)
+    max_wall_seconds: float = Field(0.0, ge=0)
+
+    eval_interval: float = Field(1000.0, gt=0)
+    eval_batch_size: int = Field(1024, ge=1)
+    progress_interval: float = Field(5.0, gt=0)
+
+    poll_interval: float = Field(0.02, gt=0, le=5)
+    node_wait_seconds: float = Field(120.0, gt=0)
+    task_ttl: float = Field(3600.0, gt=0)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunConfig:
+        _check_consistency(self)
+        return self
+
+    @property
+    def model_name(self) -> str:
+        return DEFAULT_MODEL[self.dataset] if self.model == "auto" else self.model
+
+    @property
+    def num_classes(self) -> int:
+        return NUM_CLASSES[self.dataset]
+
+
+def _check_consistency(cfg: RunConfig) -> None:
+    if cfg.latency_min > cfg.latency_max:
+        raise ValueError(
+            f"latency-min ({cfg.latency_min}) is above latency-max ({cfg.latency_max})"
+        )
+    if cfg.concurrency > cfg.num_clients:
+        raise ValueError(
+            f"concurrency ({cfg.concurrency}) exceeds num-clients ({cfg.num_clients}); "
+            "a client never trains two tasks at once"
+        )
+    if cfg.model != "auto" and cfg.dataset not in MODEL_DATASETS[cfg.model]:
+        raise ValueError(f"model '{cfg.model}' does not fit dataset '{cfg.dataset}'")
+    if cfg.partition == "pathological" and cfg.classes_per_client > cfg.num_classes:
+        raise ValueError(
+            f"classes-per-client ({cfg.classes_per_client}) exceeds the "
+            f"{cfg.num_classes} classes of {cfg.dataset}"
+        )
+    budgets = (cfg.max_virtual_time, cfg.max_versions, cfg.target_accuracy, cfg.max_wall_seconds)
+    if not any(budgets):
+        raise ValueError(
+            "no budget set: give max-virtual-time, max-versions, target-accuracy "
+            "or max-wall-seconds a non-zero value"
+        )
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """The first pydantic error as one line: key, value, what is wrong."""
+    first = err.errors()[0]
+    key = ".".join(str(part) for part in first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if not key:
+        return f"run config: {message}; {FIX_HINT}"
+    return f"run config: '{key}' = {first.get('input')!r}: {message}; {FIX_HINT}"
+
+
+def parse_model(model: type[ModelT], values: Mapping[str, Any]) -> ModelT:
+    """Validate `values` into `model`, raising a one-line `ConfigError` on failure."""
+    try:
+        return model.model_validate(dict(values))
+    except ValidationError as err:
+        raise ConfigError(describe_validation_error(err)) from None
+
+
+def parse_run_config(values: Mapping[str, Any]) -> RunConfig:
+    """The shared part of the run config (what clients need); extra keys are ignored."""
+    return parse_model(RunConfig, values)

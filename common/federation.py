@@ -1,0 +1,139 @@
+"""The federated view of a dataset: the test set and every client's train/validation split.
+
+Both the server (test set) and the clients (their own shares) build it from the run config
+alone, so nothing but the seed has to travel. Built once per process and cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+import torch
+
+from common.config import RunConfig
+from common.data import load_dataset, normalize
+from common.partition import partition, split_validation
+
+HOLDOUT_FRACTION = 0.1
+
+
+@dataclass(frozen=True)
+class Federation:
+    dataset: str
+    x_pool: np.ndarray
+    y_pool: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    train_idx: tuple[np.ndarray, ...]
+    val_idx: tuple[np.ndarray, ...]
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.x_pool.shape[1:])
+
+
+@dataclass(frozen=True)
+class FederationKey:
+    """The run-config fields that determine the federation (hashable cache key)."""
+
+    dataset: str
+    data_dir: str
+    test_split: str
+    partition: str
+    alpha: float
+    convention: str
+    classes_per_client: int
+    val_fraction: float
+    num_clients: int
+    seed: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> FederationKey:
+        return cls(
+            cfg.dataset,
+            cfg.data_dir,
+            cfg.test_split,
+            cfg.partition,
+            cfg.dirichlet_alpha,
+            cfg.dirichlet_convention,
+            cfg.classes_per_client,
+            cfg.client_val_fraction,
+            cfg.num_clients,
+            cfg.seed,
+        )
+
+
+def _pool_and_test(key: FederationKey) -> tuple[np.ndarray, ...]:
+    data = load_dataset(key.dataset, key.data_dir)
+    if key.test_split == "standard" and data.x_test is not None:
+        return data.x_train, data.y_train, data.x_test, data.y_test
+    # A hold-out of 10% of all data (the paper's wording; digits has no standard split).
+    x_all = data.x_train if data.x_test is None else np.concatenate([data.x_train, data.x_test])
+    y_all = data.y_train if data.y_test is None else np.concatenate([data.y_train, data.y_test])
+    order = np.random.default_rng([key.seed, 0x7E57]).permutation(len(y_all))
+    num_test = int(round(HOLDOUT_FRACTION * len(y_all)))
+    test, pool = np.sort(order[:num_test]), np.sort(order[num_test:])
+    return x_all[pool], y_all[pool], x_all[test], y_all[test]
+
+
+@cache
+def build_federation(key: FederationKey) -> Federation:
+    x_pool, y_pool, x_test, y_test = _pool_and_test(key)
+    shares = partition(
+        y_pool,
+        key.num_clients,
+        key.partition,
+        key.seed,
+        alpha=key.alpha,
+        convention=key.convention,
+        classes_per_client=key.classes_per_client,
+    )
+    splits = [
+        split_validation(share, key.val_fraction, key.seed, client)
+        for client, share in enumerate(shares)
+    ]
+    return Federation(
+        dataset=key.dataset,
+        x_pool=x_pool,
+        y_pool=y_pool,
+        x_test=x_test,
+        y_test=y_test,
+        train_idx=tuple(s[0] for s in splits),
+        val_idx=tuple(s[1] for s in splits),
+        num_classes=load_dataset(key.dataset, key.data_dir).num_classes,
+    )
+
+
+def federation_of(cfg: RunConfig) -> Federation:
+    return build_federation(FederationKey.of(cfg))
+
+
+def as_tensors(fed: Federation, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.from_numpy(normalize(x, fed.dataset)), torch.from_numpy(y)
+
+
+@cache
+def _client_tensors(key: FederationKey, client: int, split: str) -> tuple[torch.Tensor, ...]:
+    fed = build_federation(key)
+    idx = (fed.train_idx if split == "train" else fed.val_idx)[client]
+    return as_tensors(fed, fed.x_pool[idx], fed.y_pool[idx])
+
+
+def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torch.Tensor, ...]:
+    """(x, y) tensors of one client's `train` or `val` split, normalised, cached."""
+    if not 0 <= client < cfg.num_clients:
+        raise ValueError(f"client {client} outside 0..{cfg.num_clients - 1}")
+    return _client_tensors(FederationKey.of(cfg), client, split)
+
+
+@cache
+def _test_tensors(key: FederationKey) -> tuple[torch.Tensor, ...]:
+    fed = build_federation(key)
+    return as_tensors(fed, fed.x_test, fed.y_test)
+
+
+def test_data(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
+    return _test_tensors(FederationKey.of(cfg))

@@ -1,0 +1,154 @@
+"""The FedPSA paper's models, flat-vector views of their parameters, and evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+
+class LinearModel(nn.Module):
+    """FMNIST in the paper: one fully-connected layer 784 -> 10, bias initialised to zero."""
+
+    def __init__(self, in_features: int = 784, num_classes: int = 10) -> None:
+        super().__init__()
+        self.fc = nn.Linear(in_features, num_classes)
+        nn.init.zeros_(self.fc.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x.flatten(1))
+
+
+class MnistCNN(nn.Module):
+    """MNIST: conv5x5(32)-pool-conv5x5(64)-pool-fc512-fc10 (FLGo's layout)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(1, 32, 5)
+        self.conv2 = nn.Conv2d(32, 64, 5)
+        self.fc1 = nn.Linear(64 * 4 * 4, 512)
+        self.fc2 = nn.Linear(512, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+class CifarCNN(nn.Module):
+    """CIFAR-10/100: conv5x5(64)-pool-conv5x5(64)-pool-fc384-fc192-fc(classes)."""
+
+    def __init__(self, num_classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 5)
+        self.conv2 = nn.Conv2d(64, 64, 5)
+        self.fc1 = nn.Linear(64 * 5 * 5, 384)
+        self.fc2 = nn.Linear(384, 192)
+        self.fc3 = nn.Linear(192, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        x = torch.relu(self.fc1(x.flatten(1)))
+        return self.fc3(torch.relu(self.fc2(x)))
+
+
+class MLP(nn.Module):
+    """A small MLP for scikit-learn digits (8x8) or any flattened input."""
+
+    def __init__(self, in_features: int = 64, num_classes: int = 10, hidden: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(in_features, hidden)
+        self.fc2 = nn.Linear(hidden, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
+    """A freshly initialised model; the same seed gives the same weights."""
+    torch.manual_seed(seed)
+    in_features = int(np.prod(input_shape))
+    if name == "linear":
+        return LinearModel(in_features, num_classes)
+    if name == "cnn-mnist":
+        return MnistCNN(num_classes)
+    if name == "cnn-cifar":
+        return CifarCNN(num_classes)
+    if name == "mlp":
+        return MLP(in_features, num_classes)
+    raise ValueError(f"unknown model '{name}'")
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    """Names, shapes and offsets of a model's parameters inside one flat float32 vector."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ParamLayout:
+        state = model.state_dict()
+        return cls(tuple(state), tuple(tuple(t.shape) for t in state.values()))
+
+    @property
+    def sizes(self) -> list[int]:
+        return [int(np.prod(shape)) for shape in self.shapes]
+
+    @property
+    def total(self) -> int:
+        return sum(self.sizes)
+
+    def flatten(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
+        return np.concatenate([np.asarray(arrays[n], np.float32).ravel() for n in self.names])
+
+    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
+        offsets = np.cumsum([0, *self.sizes])
+        return {
+            name: flat[offsets[i] : offsets[i + 1]].reshape(shape)
+            for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
+        }
+
+
+def get_flat(model: nn.Module) -> np.ndarray:
+    return torch.cat(
+        [t.detach().reshape(-1).float().cpu() for t in model.state_dict().values()]
+    ).numpy()
+
+
+def set_flat(model: nn.Module, flat: np.ndarray) -> None:
+    layout = ParamLayout.of(model)
+    tensors = {
+        k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in layout.unflatten(flat).items()
+    }
+    model.load_state_dict(tensors)
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy) of `model` on (x, y)."""
+    if len(y) == 0:
+        return 0.0, 0.0
+    model.eval()
+    device = next(model.parameters()).device
+    correct, loss_sum = 0, 0.0
+    for start in range(0, len(y), batch_size):
+        xb = x[start : start + batch_size].to(device)
+        yb = y[start : start + batch_size].to(device)
+        logits = model(xb)
+        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
+        correct += int((logits.argmax(1) == yb).sum())
+    return correct / len(y), loss_sum / len(y)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("device=cuda but no CUDA device is visible; use device=auto or cpu")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

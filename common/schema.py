@@ -1,0 +1,195 @@
+"""Every key that travels between the ServerApp and the ClientApps, and their validation.
+
+Server -> client: ConfigRecord `config` (TaskKeys) and ArrayRecord `arrays` (the model the
+client starts from, state-dict names). Client -> server: ArrayRecord `arrays` (delta or
+model, as the task asks) and MetricRecord `metrics` (ReplyKeys plus strategy signals).
+A `query` message asks a node which client (partition) it serves.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+CONFIG = "config"
+ARRAYS = "arrays"
+METRICS = "metrics"
+
+MSG_TRAIN = "train"
+MSG_EVALUATE = "evaluate"
+MSG_QUERY = "query"
+
+RETURN_DELTA = "delta"
+RETURN_MODEL = "model"
+
+
+class TaskKeys:
+    TASK_ID = "task-id"
+    VERSION = "version"
+    LR = "lr"
+    EPOCHS = "local-epochs"
+    BATCH_SIZE = "batch-size"
+    SEED = "seed"
+    RETURN = "return"
+    PROXIMAL_MU = "proximal-mu"
+
+
+class ReplyKeys:
+    TASK_ID = "task-id"
+    PARTITION_ID = "partition-id"
+    NUM_PARTITIONS = "num-partitions"
+    NUM_EXAMPLES = "num-examples"
+    TRAIN_LOSS = "train-loss"
+    COMPUTE_SECONDS = "compute-seconds"
+    ACCURACY = "accuracy"
+    LOSS = "loss"
+
+
+class InvalidReply(ValueError):
+    """A client reply that must not reach the strategy; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What one task asks of a client."""
+
+    task_id: int
+    version: int
+    lr: float
+    local_epochs: int
+    batch_size: int
+    seed: int
+    returns: str = RETURN_DELTA
+    proximal_mu: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_config(self) -> dict[str, Any]:
+        return {
+            TaskKeys.TASK_ID: self.task_id,
+            TaskKeys.VERSION: self.version,
+            TaskKeys.LR: float(self.lr),
+            TaskKeys.EPOCHS: self.local_epochs,
+            TaskKeys.BATCH_SIZE: self.batch_size,
+            TaskKeys.SEED: self.seed,
+            TaskKeys.RETURN: self.returns,
+            TaskKeys.PROXIMAL_MU: float(self.proximal_mu),
+            **self.extra,
+        }
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> TaskSpec:
+        known = {
+            TaskKeys.TASK_ID,
+            TaskKeys.VERSION,
+            TaskKeys.LR,
+            TaskKeys.EPOCHS,
+            TaskKeys.BATCH_SIZE,
+            TaskKeys.SEED,
+            TaskKeys.RETURN,
+            TaskKeys.PROXIMAL_MU,
+        }
+        missing = known - set(config)
+        if missing:
+            raise InvalidReply(f"task config lacks {sorted(missing)}")
+        returns = str(config[TaskKeys.RETURN])
+        if returns not in (RETURN_DELTA, RETURN_MODEL):
+            raise InvalidReply(f"task asks to return '{returns}'")
+        return cls(
+            task_id=int(config[TaskKeys.TASK_ID]),
+            version=int(config[TaskKeys.VERSION]),
+            lr=float(config[TaskKeys.LR]),
+            local_epochs=int(config[TaskKeys.EPOCHS]),
+            batch_size=int(config[TaskKeys.BATCH_SIZE]),
+            seed=int(config[TaskKeys.SEED]),
+            returns=returns,
+            proximal_mu=float(config[TaskKeys.PROXIMAL_MU]),
+            extra={k: v for k, v in config.items() if k not in known},
+        )
+
+
+@dataclass(frozen=True)
+class SignalSpec:
+    """A strategy signal a client must send: a float, or a list of `length` floats."""
+
+    length: int = 0
+
+
+@dataclass(frozen=True)
+class TrainReply:
+    task_id: int
+    partition_id: int
+    num_examples: int
+    train_loss: float
+    compute_seconds: float
+    signals: dict[str, Any]
+
+
+def _require_int(metrics: Mapping[str, Any], key: str, minimum: int) -> int:
+    if key not in metrics:
+        raise InvalidReply(f"metric '{key}' missing")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidReply(f"metric '{key}' is {type(value).__name__}, expected int")
+    if value < minimum:
+        raise InvalidReply(f"metric '{key}' = {value} is below {minimum}")
+    return value
+
+
+def _require_float(metrics: Mapping[str, Any], key: str) -> float:
+    if key not in metrics:
+        raise InvalidReply(f"metric '{key}' missing")
+    value = metrics[key]
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise InvalidReply(f"metric '{key}' is {type(value).__name__}, expected float")
+    if not np.isfinite(value):
+        raise InvalidReply(f"metric '{key}' is not finite")
+    return float(value)
+
+
+def _require_signal(metrics: Mapping[str, Any], key: str, spec: SignalSpec) -> Any:
+    if spec.length == 0:
+        return _require_float(metrics, key)
+    value = metrics.get(key)
+    if not isinstance(value, list) or len(value) != spec.length:
+        got = len(value) if isinstance(value, list) else type(value).__name__
+        raise InvalidReply(f"signal '{key}' should be {spec.length} floats, got {got}")
+    array = np.asarray(value, dtype=np.float64)
+    if not np.isfinite(array).all():
+        raise InvalidReply(f"signal '{key}' is not finite")
+    return array
+
+
+def parse_train_metrics(
+    metrics: Mapping[str, Any], signals: Mapping[str, SignalSpec] | None = None
+) -> TrainReply:
+    """Validate a train reply's MetricRecord; raises InvalidReply naming the first fault."""
+    return TrainReply(
+        task_id=_require_int(metrics, ReplyKeys.TASK_ID, 0),
+        partition_id=_require_int(metrics, ReplyKeys.PARTITION_ID, 0),
+        num_examples=_require_int(metrics, ReplyKeys.NUM_EXAMPLES, 1),
+        train_loss=_require_float(metrics, ReplyKeys.TRAIN_LOSS),
+        compute_seconds=_require_float(metrics, ReplyKeys.COMPUTE_SECONDS),
+        signals={k: _require_signal(metrics, k, s) for k, s in (signals or {}).items()},
+    )
+
+
+def check_arrays(
+    arrays: Mapping[str, np.ndarray],
+    names: tuple[str, ...],
+    shapes: tuple[tuple[int, ...], ...],
+) -> None:
+    """Names, shapes and dtypes must match the model's exactly; every value finite."""
+    if tuple(arrays) != names:
+        unexpected = sorted(set(arrays) - set(names))
+        missing = sorted(set(names) - set(arrays))
+        raise InvalidReply(f"array names differ (missing {missing}, unexpected {unexpected})")
+    for (name, array), shape in zip(arrays.items(), shapes, strict=True):
+        if array.dtype != np.float32:
+            raise InvalidReply(f"array '{name}' has dtype {array.dtype}, expected float32")
+        if tuple(array.shape) != shape:
+            raise InvalidReply(f"array '{name}' has shape {tuple(array.shape)}, expected {shape}")
+        if not np.isfinite(array).all():
+            raise InvalidReply(f"array '{name}' holds NaN or Inf")

@@ -1,0 +1,121 @@
+"""Everything a run needs, built from the run config, around one Engine."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+
+from common.config import KebabModel, RunConfig
+from common.federation import federation_of, test_data
+from common.latency import build_profile
+from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
+from server_app.engine import Engine, Evaluator
+from server_app.progress import Progress
+from server_app.results import RunRecorder, aulc, runs_root
+from server_app.transport import Transport
+from strategies.registry import build_strategy
+
+log = logging.getLogger("fedstale")
+
+
+def run_name(run: RunConfig) -> str:
+    if run.run_name:
+        return run.run_name
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{run.strategy}-{run.dataset}-s{run.seed}-{stamp}"
+
+
+def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:
+    """A function scoring a flat parameter vector on the test set, the initial
+    parameters, and their layout."""
+    fed = federation_of(run)
+    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
+    model = model.to(resolve_device(run.device))
+    x_test, y_test = test_data(run)
+
+    def score(flat: np.ndarray) -> tuple[float, float]:
+        set_flat(model, flat)
+        return evaluate(model, x_test, y_test, run.eval_batch_size)
+
+    return score, get_flat(model), ParamLayout.of(model)
+
+
+def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
+    evals = engine.evaluations
+    times = [e.virtual_time for e in evals]
+    accuracies = [e.accuracy for e in evals]
+    counters = engine.counters
+    return {
+        "strategy": engine.run.strategy,
+        "stop_reason": engine.stop_reason,
+        "final_accuracy": accuracies[-1],
+        "best_accuracy": max(accuracies),
+        "aulc_days": aulc(times, accuracies),
+        "time_to_target": engine.time_to_target,
+        "virtual_time": times[-1],
+        "versions": engine.version,
+        "updates_accepted": counters.accepted,
+        "updates_rejected": counters.rejected,
+        "tasks_lost": counters.failed,
+        "tasks_dispatched": counters.dispatched,
+        "wall_seconds": wall_seconds,
+        "updates_per_second": counters.accepted / max(wall_seconds, 1e-9),
+    }
+
+
+def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> dict[str, Any]:
+    started = time.monotonic()
+    name = run_name(run)
+    recorder = RunRecorder(runs_root(run.runs_dir) / name)
+    recorder.write_config(
+        {**run.model_dump(by_alias=True), **params.model_dump(by_alias=True), "run-name": name}
+    )
+    evaluator, initial, layout = make_evaluator(run)
+    strategy = build_strategy(run, params, initial)
+    latency = build_profile(
+        run.latency,
+        run.num_clients,
+        run.latency_min,
+        run.latency_max,
+        run.seed,
+        slow_fraction=run.slow_fraction,
+        slow_factor=run.slow_factor,
+        jitter=run.latency_jitter,
+    )
+    engine = Engine(
+        run,
+        strategy,
+        transport,
+        layout,
+        latency,
+        evaluator,
+        recorder,
+        Progress(run.progress_interval),
+    )
+    log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
+    try:
+        engine.run_loop()
+    finally:
+        recorder.close()
+    summary = summarize(engine, time.monotonic() - started)
+    recorder.write_summary(summary)
+    recorder.save_model(layout.unflatten(strategy.model))
+    recorder.plot(
+        f"{run.strategy} on {run.dataset}",
+        [e.virtual_time for e in engine.evaluations],
+        [e.accuracy for e in engine.evaluations],
+    )
+    log.info(
+        "done: final accuracy %.4f, best %.4f, %d versions, %d updates in %.1f s (%s)",
+        summary["final_accuracy"],
+        summary["best_accuracy"],
+        summary["versions"],
+        summary["updates_accepted"],
+        summary["wall_seconds"],
+        recorder.dir,
+    )
+    return summary

@@ -1,0 +1,81 @@
+"""Results of a run in runs/<name>/: config.json, metrics.jsonl, updates.jsonl,
+summary.json, model.pt and accuracy.png (accuracy against virtual time)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+log = logging.getLogger("fedstale")
+DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
+
+
+def runs_root(configured: str) -> Path:
+    """`runs-dir` from the run config, else $FEDSTALE_RUNS_DIR, else ./runs."""
+    return Path(configured or os.environ.get("FEDSTALE_RUNS_DIR", "runs")).expanduser().resolve()
+
+
+def aulc(times: list[float], accuracies: list[float], unit: float = DAY) -> float:
+    """Area under the accuracy curve (trapezoids), time in `unit`s (days, as the paper)."""
+    if len(times) < 2:
+        return 0.0
+    t = np.asarray(times, dtype=np.float64) / unit
+    a = np.asarray(accuracies, dtype=np.float64)
+    return float(np.sum((t[1:] - t[:-1]) * (a[1:] + a[:-1]) / 2.0))
+
+
+class RunRecorder:
+    """Appends JSON lines as the run goes; writes the summary, model and plot at the end."""
+
+    def __init__(self, directory: Path) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for name in ("metrics.jsonl", "updates.jsonl", "summary.json"):
+            (self.dir / name).unlink(missing_ok=True)
+        self._metrics = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
+        self._updates = (self.dir / "updates.jsonl").open("a", encoding="utf-8")
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        (self.dir / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    def metric(self, row: dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+
+    def update(self, row: dict[str, Any]) -> None:
+        self._updates.write(json.dumps(row) + "\n")
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._updates.close()
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        (self.dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+    def save_model(self, state: dict[str, np.ndarray]) -> None:
+        import torch
+
+        torch.save(
+            {k: torch.from_numpy(np.array(v)) for k, v in state.items()}, self.dir / "model.pt"
+        )
+
+    def plot(self, title: str, times: list[float], accuracies: list[float]) -> None:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6, 4))
+        ax.plot(times, accuracies, marker=".", linewidth=1.2)
+        ax.set_xlabel("virtual time (units)")
+        ax.set_ylabel("test accuracy")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(self.dir / "accuracy.png", dpi=110)
+        plt.close(fig)

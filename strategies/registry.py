@@ -1,0 +1,54 @@
+"""Strategy names -> classes, and the full validation of a run config."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import FIX_HINT, ConfigError, KebabModel, RunConfig, parse_model
+from strategies.base import Strategy
+from strategies.fedasync import FedAsync
+from strategies.fedavg import FedAvg
+from strategies.fedbuff import FedBuff
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (FedAvg, FedAsync, FedBuff)}
+
+
+def known_keys() -> set[str]:
+    keys = RunConfig.keys()
+    for cls in STRATEGIES.values():
+        keys |= cls.Params.keys()
+    return keys
+
+
+def _reject_unknown_keys(values: Mapping[str, Any]) -> None:
+    known = known_keys()
+    for key in sorted(set(values) - known):
+        close = difflib.get_close_matches(key, known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else "see [tool.flwr.app.config]"
+        raise ConfigError(f"run config: unknown key '{key}'; {hint}")
+
+
+def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
+    """The run config and the strategy's own parameters, or one ConfigError line."""
+    _reject_unknown_keys(values)
+    run = parse_model(RunConfig, values)
+    if run.strategy not in STRATEGIES:
+        raise ConfigError(
+            f"run config: unknown strategy '{run.strategy}'; choose one of "
+            f"{', '.join(sorted(STRATEGIES))}; {FIX_HINT}"
+        )
+    cls = STRATEGIES[run.strategy]
+    params = parse_model(cls.Params, values)
+    try:
+        cls.check(run, params)
+    except ValueError as err:
+        raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
+    return run, params
+
+
+def build_strategy(run: RunConfig, params: KebabModel, initial: np.ndarray) -> Strategy:
+    return STRATEGIES[run.strategy](run, params, initial)
