@@ -11,13 +11,14 @@ from functools import cache
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client_app.training import local_train
 from common.config import RunConfig, parse_run_config
 from common.federation import client_data, federation_of
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
+from common.records import from_array_record, to_array_record
 from common.schema import ARRAYS, CONFIG, METRICS, RETURN_DELTA, ReplyKeys, TaskSpec
 
 app = ClientApp()
@@ -51,15 +52,14 @@ def _model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
 
 def _received_model(msg: Message, cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
     model, layout = _model(cfg)
-    arrays = {name: array.numpy() for name, array in msg.content[ARRAYS].items()}
-    set_flat(model, layout.flatten(arrays))
+    set_flat(model, layout.flatten(from_array_record(msg.content[ARRAYS])))
     return model, layout
 
 
 def _reply(msg: Message, metrics: dict, arrays: dict[str, np.ndarray] | None = None) -> Message:
     content = RecordDict({METRICS: MetricRecord(metrics)})
     if arrays is not None:
-        content[ARRAYS] = ArrayRecord({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        content[ARRAYS] = to_array_record(arrays)
     return Message(content, reply_to=msg)
 
 

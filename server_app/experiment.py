@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -15,18 +14,11 @@ from common.latency import build_profile
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from server_app.engine import Engine, Evaluator
 from server_app.progress import Progress
-from server_app.results import RunRecorder, aulc, runs_root
+from server_app.results import RunRecorder, aulc, run_name, runs_root
 from server_app.transport import Transport
 from strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
-
-
-def run_name(run: RunConfig) -> str:
-    if run.run_name:
-        return run.run_name
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{run.strategy}-{run.dataset}-s{run.seed}-{stamp}"
 
 
 def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from common.config import RunConfig
 
 log = logging.getLogger("fedstale")
 DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
@@ -18,6 +21,13 @@ DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
 def runs_root(configured: str) -> Path:
     """`runs-dir` from the run config, else $FEDSTALE_RUNS_DIR, else ./runs."""
     return Path(configured or os.environ.get("FEDSTALE_RUNS_DIR", "runs")).expanduser().resolve()
+
+
+def run_name(run: RunConfig) -> str:
+    """`run-name`, or `<strategy>-<dataset>-s<seed>-<timestamp>` when it is empty."""
+    if run.run_name:
+        return run.run_name
+    return f"{run.strategy}-{run.dataset}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def aulc(times: list[float], accuracies: list[float], unit: float = DAY) -> float:

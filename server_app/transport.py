@@ -16,6 +16,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
+from common.records import from_array_record, to_array_record
 from common.schema import ARRAYS, CONFIG, METRICS
 
 log = logging.getLogger("fedstale")
@@ -51,7 +52,7 @@ class Transport(Protocol):
 def _content(config: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None) -> RecordDict:
     content = RecordDict({CONFIG: ConfigRecord(dict(config))})
     if arrays is not None:
-        content[ARRAYS] = ArrayRecord({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        content[ARRAYS] = to_array_record(arrays)
     return content
 
 
@@ -66,7 +67,7 @@ def reply_from_message(msg: Message) -> Reply:
     if arrays is not None and not isinstance(arrays, ArrayRecord):
         return Reply(msg_id, invalid="reply's 'arrays' is not an ArrayRecord")
     try:
-        decoded = None if arrays is None else {k: v.numpy() for k, v in arrays.items()}
+        decoded = None if arrays is None else from_array_record(arrays)
     except (ValueError, TypeError) as err:
         return Reply(msg_id, invalid=f"reply's arrays cannot be decoded: {err}")
     return Reply(msg_id, metrics=dict(metrics), arrays=decoded)
