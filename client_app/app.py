@@ -14,6 +14,7 @@ import torch
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from client_app.faults import corrupt
 from client_app.training import local_train
 from common.config import RunConfig, parse_run_config
 from common.federation import client_data, federation_of
@@ -102,7 +103,10 @@ def train(msg: Message, context: Context) -> Message:
         ReplyKeys.TRAIN_LOSS: loss,
         ReplyKeys.COMPUTE_SECONDS: time.perf_counter() - started,
     }
-    return _reply(msg, metrics, layout.unflatten(result))
+    arrays = layout.unflatten(result)
+    if task.task_id in cfg.faults:
+        metrics, arrays = corrupt(cfg.faults[task.task_id], metrics, arrays)
+    return _reply(msg, metrics, arrays)
 
 
 @app.evaluate()

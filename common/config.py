@@ -101,6 +101,9 @@ class RunConfig(KebabModel):
     eval_batch_size: int = Field(1024, ge=1)
     progress_interval: float = Field(5.0, gt=0)
 
+    # Test-only: "kind@task,..." makes clients corrupt those tasks' replies on purpose.
+    test_faults: str = ""
+
     poll_interval: float = Field(0.02, gt=0, le=5)
     node_wait_seconds: float = Field(120.0, gt=0)
     task_ttl: float = Field(3600.0, gt=0)
@@ -111,6 +114,11 @@ class RunConfig(KebabModel):
         return self
 
     @property
+    def faults(self) -> dict[int, str]:
+        """Task id -> fault kind, from `test-faults`."""
+        return parse_faults(self.test_faults)
+
+    @property
     def model_name(self) -> str:
         return DEFAULT_MODEL[self.dataset] if self.model == "auto" else self.model
 
@@ -119,7 +127,23 @@ class RunConfig(KebabModel):
         return NUM_CLASSES[self.dataset]
 
 
+FAULT_KINDS = ("nan", "inf", "shape", "dtype", "unknown-task", "replay", "no-metric", "bad-metric")
+
+
+def parse_faults(text: str) -> dict[int, str]:
+    faults: dict[int, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        kind, _, task = item.partition("@")
+        if kind not in FAULT_KINDS or not task.isdigit():
+            raise ValueError(
+                f"test-faults item '{item}' is not <kind>@<task id>, kind in {FAULT_KINDS}"
+            )
+        faults[int(task)] = kind
+    return faults
+
+
 def _check_consistency(cfg: RunConfig) -> None:
+    parse_faults(cfg.test_faults)
     if cfg.latency_min > cfg.latency_max:
         raise ValueError(
             f"latency-min ({cfg.latency_min}) is above latency-max ({cfg.latency_max})"

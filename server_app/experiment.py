@@ -89,6 +89,8 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         Progress(run.progress_interval),
     )
     log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
+    if run.test_faults:
+        log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
     try:
         engine.run_loop()
     finally:

@@ -1,0 +1,34 @@
+"""Deliberate misbehaviour for tests (run-config `test-faults`, never set in production):
+the client corrupts the reply of chosen tasks so that the server's validation is exercised
+over a real Flower transport."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from common.schema import ReplyKeys
+
+
+def corrupt(
+    kind: str, metrics: dict[str, Any], arrays: dict[str, np.ndarray]
+) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """Return (metrics, arrays) damaged as `kind` says."""
+    metrics, arrays = dict(metrics), {k: v.copy() for k, v in arrays.items()}
+    first = next(iter(arrays))
+    if kind in ("nan", "inf"):
+        arrays[first].flat[0] = np.nan if kind == "nan" else np.inf
+    elif kind == "shape":
+        arrays[first] = arrays[first].ravel()[:-1].copy()
+    elif kind == "dtype":
+        arrays[first] = arrays[first].astype(np.float64)
+    elif kind == "unknown-task":
+        metrics[ReplyKeys.TASK_ID] = 10**9
+    elif kind == "replay":
+        metrics[ReplyKeys.TASK_ID] = max(0, int(metrics[ReplyKeys.TASK_ID]) - 1)
+    elif kind == "no-metric":
+        del metrics[ReplyKeys.NUM_EXAMPLES]
+    elif kind == "bad-metric":
+        metrics[ReplyKeys.NUM_EXAMPLES] = -5
+    return metrics, arrays
