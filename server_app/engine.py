@@ -83,6 +83,7 @@ class Engine:
         self.nodes = NodeBook(run.num_clients)
         self.rng = np.random.default_rng([run.seed, 0xD15])
         self.tasks: dict[int, Task] = {}
+        self.history: dict[int, Task] = {}
         self.by_msg: dict[str, int] = {}
         self.arrived: dict[int, Reply] = {}
         self.answered: set[int] = set()
@@ -136,7 +137,7 @@ class Engine:
         arrays = self.layout.unflatten(self.strategy.model_for(client))
         msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), arrays)
         latency = self.latency.task_latency(client, task_id)
-        self.tasks[task_id] = Task(
+        self.tasks[task_id] = self.history[task_id] = Task(
             task_id=task_id,
             client=client,
             node=node,

@@ -1,0 +1,116 @@
+"""Shared test helpers: configs, updates, and a scripted stand-in for Flower's Grid."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import numpy as np
+
+from common.config import RunConfig
+from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
+from server_app.transport import Reply
+from strategies.base import Update
+
+
+def run_config(**overrides: Any) -> RunConfig:
+    values = {"num-clients": 4, "concurrency": 2, "buffer-size": 2, **overrides}
+    return RunConfig.model_validate({k.replace("_", "-"): v for k, v in values.items()})
+
+
+def update(vector: list[float], staleness: int = 0, client: int = 0, n: int = 1) -> Update:
+    return Update(
+        client=client,
+        task_id=0,
+        base_version=0,
+        staleness=staleness,
+        num_examples=n,
+        vector=np.asarray(vector, dtype=np.float32),
+    )
+
+
+TrainFn = Callable[[int, Mapping[str, Any], dict[str, np.ndarray]], tuple[dict, dict | None]]
+
+
+class ScriptedTransport:
+    """Answers queries with the node's partition and train tasks with `train_fn`; each reply
+    becomes visible only after a random number of `receive` calls, so replies arrive in
+    an order unrelated to virtual finish times."""
+
+    def __init__(
+        self,
+        num_nodes: int,
+        train_fn: TrainFn,
+        seed: int = 0,
+        max_delay_calls: int = 6,
+        errors: Iterable[int] = (),
+    ) -> None:
+        self.nodes = {1000 + 7 * i: i for i in range(num_nodes)}
+        self.train_fn = train_fn
+        self.rng = np.random.default_rng(seed)
+        self.max_delay = max_delay_calls
+        self.errors = set(errors)
+        self.pending: dict[str, tuple[int, Reply]] = {}
+        self.sent: list[tuple[int, str, dict[str, Any]]] = []
+        self.counter = 0
+
+    def node_ids(self) -> list[int]:
+        return sorted(self.nodes)
+
+    def send(self, node_id, message_type, config, arrays=None) -> str:  # type: ignore[no-untyped-def]
+        self.counter += 1
+        msg_id = f"m{self.counter}"
+        self.sent.append((node_id, message_type, dict(config)))
+        partition = self.nodes[node_id]
+        if message_type == MSG_QUERY:
+            reply = Reply(msg_id, metrics={ReplyKeys.PARTITION_ID: partition})
+        elif message_type == MSG_TRAIN and config[TaskKeys.TASK_ID] in self.errors:
+            reply = Reply(msg_id, error_code=5, error="node unavailable")
+        else:
+            metrics, out = self.train_fn(partition, config, dict(arrays or {}))
+            reply = Reply(msg_id, metrics=metrics, arrays=out)
+        self.pending[msg_id] = (int(self.rng.integers(0, self.max_delay + 1)), reply)
+        return msg_id
+
+    def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
+        ready = []
+        for msg_id in list(msg_ids):
+            if msg_id not in self.pending:
+                continue
+            wait, reply = self.pending[msg_id]
+            if wait <= 0:
+                ready.append(reply)
+                del self.pending[msg_id]
+            else:
+                self.pending[msg_id] = (wait - 1, reply)
+        return ready
+
+
+def delta_reply(
+    partition: int, config: Mapping[str, Any], arrays: dict[str, np.ndarray], step: float = 1.0
+) -> tuple[dict, dict]:
+    """A well-formed reply: a delta of +step (model plus step for return=model)."""
+    metrics = {
+        ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
+        ReplyKeys.PARTITION_ID: partition,
+        ReplyKeys.NUM_EXAMPLES: 10 + partition,
+        ReplyKeys.TRAIN_LOSS: 0.5,
+        ReplyKeys.COMPUTE_SECONDS: 0.01,
+    }
+    if config[TaskKeys.RETURN] == "delta":
+        out = {k: np.full_like(v, step) for k, v in arrays.items()}
+    else:
+        out = {k: v + step for k, v in arrays.items()}
+    return metrics, out
+
+
+class ListRecorder:
+    def __init__(self) -> None:
+        self.metrics: list[dict[str, Any]] = []
+        self.updates: list[dict[str, Any]] = []
+
+    def metric(self, row: dict[str, Any]) -> None:
+        self.metrics.append(row)
+
+    def update(self, row: dict[str, Any]) -> None:
+        self.updates.append(row)

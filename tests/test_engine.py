@@ -1,0 +1,228 @@
+"""The engine's ordering logic, faults and budgets, over a scripted transport."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import pytest
+
+from common.latency import build_profile
+from common.models import ParamLayout
+from server_app.engine import Engine, EngineError
+from strategies.base import NoParams, Outcome, Strategy, Update, update_record
+from strategies.fedavg import FedAvg
+from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+
+LAYOUT = ParamLayout(names=("w",), shapes=((3,),))
+
+
+class Recording(Strategy):
+    """Adds every delta to the model and remembers the order it saw them in."""
+
+    name = "recording"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Update] = []
+
+    def on_update(self, update: Update) -> Outcome:
+        self.seen.append(update)
+        self.model = self.model + update.vector
+        return Outcome(changed=True, records=[update_record(update, 1.0)])
+
+
+def make_engine(
+    transport: ScriptedTransport, strategy_cls: type[Strategy] = Recording, **overrides: Any
+) -> Engine:
+    settings = {
+        "num-clients": 6,
+        "concurrency": 3,
+        "max-virtual-time": 2000.0,
+        "eval-interval": 250.0,
+        "poll-interval": 0.0001,
+        "node-wait-seconds": 2.0,
+        "progress-interval": 1000.0,
+        **overrides,
+    }
+    run = run_config(**settings)
+    strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
+    latency = build_profile(
+        run.latency, run.num_clients, run.latency_min, run.latency_max, run.seed
+    )
+    evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
+    return Engine(run, strategy, transport, LAYOUT, latency, evaluator, ListRecorder())
+
+
+def finish_order(engine: Engine, transport: ScriptedTransport) -> list[int]:
+    return [u.task_id for u in engine.strategy.seen]  # type: ignore[attr-defined]
+
+
+def test_completions_are_handled_in_virtual_time_order() -> None:
+    transport = ScriptedTransport(6, delta_reply, seed=1)
+    engine = make_engine(transport)
+    engine.run_loop()
+    recorder: ListRecorder = engine.recorder  # type: ignore[assignment]
+    times = [row["time"] for row in recorder.updates]
+    assert len(times) > 10
+    assert times == sorted(times)
+    # every handled update finished at dispatch time + its client's latency
+    for row in recorder.updates:
+        assert row["time"] == pytest.approx(
+            engine_dispatch_time(engine, row["task"]) + engine.latency.base[row["client"]]
+        )
+
+
+def engine_dispatch_time(engine: Engine, task_id: int) -> float:
+    return engine.history[task_id].dispatched_at
+
+
+def test_arrival_order_does_not_change_the_run() -> None:
+    runs = []
+    for arrival_seed in (1, 2, 3):
+        engine = make_engine(
+            ScriptedTransport(6, delta_reply, seed=arrival_seed, max_delay_calls=9)
+        )
+        engine.run_loop()
+        runs.append(
+            (
+                [(u.task_id, u.client, u.staleness) for u in engine.strategy.seen],  # type: ignore[attr-defined]
+                [(m["virtual_time"], m["version"], m["accuracy"]) for m in engine.recorder.metrics],  # type: ignore[attr-defined]
+            )
+        )
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_at_most_concurrency_tasks_and_one_per_client() -> None:
+    transport = ScriptedTransport(6, delta_reply, seed=4)
+    engine = make_engine(transport)
+    original_dispatch = engine.dispatch
+
+    def checked_dispatch(client: int) -> None:
+        assert client not in engine.busy
+        original_dispatch(client)
+        assert len(engine.tasks) <= engine.run.concurrency
+
+    engine.dispatch = checked_dispatch  # type: ignore[method-assign]
+    engine.run_loop()
+    assert engine.counters.accepted > 0
+
+
+def test_staleness_counts_versions_since_dispatch() -> None:
+    engine = make_engine(ScriptedTransport(6, delta_reply, seed=5))
+    engine.run_loop()
+    seen = engine.strategy.seen  # type: ignore[attr-defined]
+    for index, item in enumerate(seen):
+        assert item.staleness == index - item.base_version  # Recording bumps every update
+    assert max(u.staleness for u in seen) >= 1
+
+
+def corrupting(kind: str, bad_task: int):  # type: ignore[no-untyped-def]
+    def train(partition, config, arrays):  # type: ignore[no-untyped-def]
+        metrics, out = delta_reply(partition, config, arrays)
+        if config["task-id"] != bad_task:
+            return metrics, out
+        if kind == "nan":
+            out["w"][0] = np.nan
+        elif kind == "shape":
+            out["w"] = np.ones(4, dtype=np.float32)
+        elif kind == "unknown-task":
+            metrics["task-id"] = 424242
+        elif kind == "dtype":
+            out["w"] = out["w"].astype(np.float64)
+        elif kind == "no-metric":
+            del metrics["num-examples"]
+        elif kind == "float-metric":
+            metrics["num-examples"] = 3.5
+        return metrics, out
+
+    return train
+
+
+@pytest.mark.parametrize(
+    "kind", ["nan", "shape", "unknown-task", "dtype", "no-metric", "float-metric"]
+)
+def test_invalid_reply_is_rejected_logged_and_never_reaches_the_model(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = make_engine(ScriptedTransport(6, corrupting(kind, bad_task=4), seed=6))
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    seen = engine.strategy.seen  # type: ignore[attr-defined]
+    assert 4 not in [u.task_id for u in seen]
+    assert engine.counters.rejected == 1
+    lines = [r.getMessage() for r in caplog.records if "rejected update" in r.getMessage()]
+    assert len(lines) == 1 and "task 4 " in lines[0]
+    # the model is exactly the sum of the accepted deltas (each +1 per coordinate)
+    np.testing.assert_allclose(engine.strategy.model, np.full(3, float(len(seen))))
+    assert engine.stop_reason == "time budget"
+
+
+def test_error_reply_retires_the_task_and_work_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    engine = make_engine(ScriptedTransport(6, delta_reply, seed=7, errors={2, 5}))
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    seen_ids = [u.task_id for u in engine.strategy.seen]  # type: ignore[attr-defined]
+    assert 2 not in seen_ids and 5 not in seen_ids
+    assert engine.counters.failed == 2
+    assert engine.counters.accepted == len(seen_ids) > 5
+    assert sum("task 2 lost" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_node_that_disappears_has_its_task_retired() -> None:
+    transport = ScriptedTransport(6, delta_reply, seed=8, max_delay_calls=50)
+    engine = make_engine(transport)
+    engine.wait_for_clients()
+    engine.fill()
+    victim = next(iter(engine.tasks.values()))
+    del transport.nodes[victim.node]
+    engine.refresh_nodes(force=True)
+    assert victim.task_id not in engine.tasks
+    assert victim.client not in engine.nodes.clients
+    engine.fill()
+    assert len(engine.tasks) == engine.run.concurrency
+
+
+def test_virtual_time_budget_and_evaluation_schedule() -> None:
+    engine = make_engine(ScriptedTransport(6, delta_reply, seed=9))
+    engine.run_loop()
+    times = [m["virtual_time"] for m in engine.recorder.metrics]  # type: ignore[attr-defined]
+    assert times == [250.0 * k for k in range(9)]  # 0, 250, ..., 2000
+    assert engine.clock.now() <= 2000.0
+
+
+def test_version_budget_stops_the_run() -> None:
+    engine = make_engine(ScriptedTransport(6, delta_reply), max_versions=7, max_virtual_time=0.0)
+    engine.run_loop()
+    assert engine.version == 7
+    assert engine.stop_reason == "version budget 7"
+
+
+def test_target_accuracy_stops_at_first_evaluation_reaching_it() -> None:
+    engine = make_engine(ScriptedTransport(6, delta_reply), target_accuracy=0.3)
+    engine.run_loop()
+    assert engine.time_to_target is not None
+    assert engine.evaluations[-1].accuracy >= 0.3
+    assert all(e.accuracy < 0.3 for e in engine.evaluations[:-1])
+
+
+def test_fedavg_round_lasts_as_long_as_its_slowest_client() -> None:
+    engine = make_engine(
+        ScriptedTransport(6, delta_reply, seed=10), FedAvg, max_virtual_time=3000.0
+    )
+    engine.run_loop()
+    rounds: dict[int, list[float]] = {}
+    for task_id, task in engine.history.items():
+        rounds.setdefault(round(task.dispatched_at, 6), []).append(task_id)
+    starts = sorted(rounds)
+    assert all(len(rounds[s]) == 3 for s in starts)
+    for previous, nxt in zip(starts, starts[1:], strict=False):
+        slowest = max(engine.latency.base[engine.history[t].client] for t in rounds[previous])
+        assert nxt == pytest.approx(previous + slowest)
+
+
+def test_missing_clients_fail_with_one_clear_line() -> None:
+    engine = make_engine(ScriptedTransport(4, delta_reply), node_wait_seconds=0.2)
+    with pytest.raises(EngineError, match="only 4 of 6 clients answered"):
+        engine.run_loop()
