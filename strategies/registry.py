@@ -41,8 +41,9 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
             f"run config: unknown strategy '{run.strategy}'; choose one of "
             f"{', '.join(sorted(STRATEGIES))}; {FIX_HINT}"
         )
-    cls = STRATEGIES[run.strategy]
-    params = parse_model(cls.Params, values)
+    # Every strategy's keys are checked, so a bad value never waits for the day it is used.
+    all_params = {name: parse_model(c.Params, values) for name, c in STRATEGIES.items()}
+    cls, params = STRATEGIES[run.strategy], all_params[run.strategy]
     try:
         cls.check(run, params)
     except ValueError as err:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any
 
@@ -217,7 +218,7 @@ def test_fedavg_round_lasts_as_long_as_its_slowest_client() -> None:
         rounds.setdefault(round(task.dispatched_at, 6), []).append(task_id)
     starts = sorted(rounds)
     assert all(len(rounds[s]) == 3 for s in starts)
-    for previous, nxt in zip(starts, starts[1:], strict=False):
+    for previous, nxt in itertools.pairwise(starts):
         slowest = max(engine.latency.base[engine.history[t].client] for t in rounds[previous])
         assert nxt == pytest.approx(previous + slowest)
 

@@ -1,0 +1,76 @@
+"""A bad run config stops with one readable line and a non-zero exit, before any client."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.config import ConfigError, parse_faults
+from server_app.cli import main, parse_pairs
+from strategies.registry import load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"strategy": "fedasyn"}, "unknown strategy 'fedasyn'"),
+        ({"lrr": 0.1}, "unknown key 'lrr'; did you mean 'lr'?"),
+        ({"lr": -1}, "'lr' = -1"),
+        ({"concurrency": 60}, "concurrency (60) exceeds num-clients (50)"),
+        ({"latency-min": 900.0}, "latency-min (900.0) is above latency-max"),
+        ({"dataset": "cifar10", "model": "linear"}, "does not fit dataset"),
+        ({"max-virtual-time": 0.0}, "no budget set"),
+        ({"fedasync-staleness": "cubic"}, "'fedasync-staleness' = 'cubic'"),
+        ({"test-faults": "nan@x"}, "test-faults item 'nan@x'"),
+    ],
+)
+def test_bad_values_give_one_line(overrides: dict, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(overrides)
+    text = str(info.value)
+    assert message in text
+    assert "\n" not in text
+
+
+def test_defaults_are_valid() -> None:
+    run, _ = load_config({})
+    assert run.strategy == "fedbuff" and run.model_name == "linear"
+
+
+def test_parse_pairs_accepts_bare_strings() -> None:
+    assert parse_pairs("strategy=fedasync lr=0.1 run-name='x y' seed=3") == {
+        "strategy": "fedasync",
+        "lr": 0.1,
+        "run-name": "x y",
+        "seed": 3,
+    }
+
+
+def test_faults_parse() -> None:
+    assert parse_faults("nan@3, shape@10") == {3: "nan", 10: "shape"}
+
+
+def test_cli_check_exits_nonzero_with_one_line() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "server_app.cli", "run", "--run-config", "strategy=nope"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert lines == [
+        "fedstale: run config: unknown strategy 'nope'; choose one of fedasync, fedavg, fedbuff; "
+        "fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
+    ]
+
+
+def test_cli_check_accepts_a_good_config() -> None:
+    assert main(["check", "--app", str(ROOT), "--run-config", "strategy=fedasync"]) == 0
