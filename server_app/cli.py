@@ -2,6 +2,7 @@
 
     fedstale check [--run-config "k=v ..."]
     fedstale run   [--run-config "k=v ..."] [--federation-config "k=v ..."] [--app DIR]
+                   [--superlink NAME]
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
@@ -81,7 +82,7 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
 
 
 def flower_command(
-    app: Path, overrides: dict[str, Any], federation: str, run: RunConfig
+    app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
 ) -> list[str]:
     fed_values = parse_pairs(federation)
     fed_values.setdefault("num-supernodes", run.num_clients)
@@ -89,6 +90,7 @@ def flower_command(
         "flwr",
         "run",
         str(app),
+        *([superlink] if superlink else []),
         "--stream",
         "--run-config",
         to_flower(overrides),
@@ -97,9 +99,9 @@ def flower_command(
     ]
 
 
-def run_simulation(app: Path, run_config: str, federation: str) -> int:
+def run_simulation(app: Path, run_config: str, federation: str, superlink: str = "") -> int:
     run, overrides = resolve(app, parse_pairs(run_config))
-    command = flower_command(app, overrides, federation, run)
+    command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
     env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
     started = time.time()
@@ -123,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
     parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    parser.add_argument(
+        "--superlink", default="", help="SuperLink connection name (default: Flower's default)"
+    )
     args = parser.parse_args(argv)
     app = args.app.resolve()
     try:
@@ -130,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
             run, _ = resolve(app, parse_pairs(args.run_config))
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
-        return run_simulation(app, args.run_config, args.federation_config)
+        return run_simulation(app, args.run_config, args.federation_config, args.superlink)
     except ConfigError as err:
         print(f"fedstale: {err}", file=sys.stderr)
         return 2

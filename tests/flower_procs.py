@@ -1,0 +1,91 @@
+"""A simulation SuperLink of the tests' own, on free loopback ports, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+CONNECTION = "fedstale-test"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"flower-superlink exited with code {process.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+class SimulationSuperLink:
+    """`flower-superlink --simulation` plus a FLWR_HOME whose config names it. Flower 1.41
+    serves the Runtime, Control and Fleet APIs on one HTTP port."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.port = free_port()
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            "FLWR_HOME": str(self.home),
+            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        }
+
+    def start(self) -> SimulationSuperLink:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        )
+        command = [
+            "flower-superlink",
+            "--insecure",
+            "--simulation",
+            "--isolation",
+            "subprocess",
+            "--disable-runtime-dependency-installation",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
+        log = (self.home / "superlink.log").open("w")
+        self.process = subprocess.Popen(
+            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        wait_for_port(self.port, 60.0, self.process)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None:
+            stop(self.process)

@@ -1,0 +1,119 @@
+"""End to end: `flwr run` in Flower simulation (Ray backend) on a real SuperLink."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.flower_procs import CONNECTION, SimulationSuperLink
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+TINY = "dataset=digits num-clients=10 concurrency=3 lr=0.1 max-virtual-time=3000 eval-interval=250"
+
+
+def fedstale_run(
+    link: SimulationSuperLink, runs: Path, name: str, config: str, timeout: float = 420
+) -> tuple[subprocess.CompletedProcess, Path]:
+    result = subprocess.run(
+        [
+            "fedstale",
+            "run",
+            "--app",
+            str(ROOT),
+            "--superlink",
+            CONNECTION,
+            "--run-config",
+            f"{config} run-name={name} runs-dir={runs}",
+        ],
+        env=link.env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    return result, runs / name
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_tiny_run_beats_chance_and_replays_identically(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    first, first_dir = fedstale_run(superlink, tmp_path, "a", TINY + " seed=5")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second, second_dir = fedstale_run(superlink, tmp_path, "b", TINY + " seed=5")
+    assert second.returncode == 0, second.stderr[-3000:]
+
+    summary = json.loads((first_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] > 0.3  # ten classes: chance is 0.1
+    assert summary["updates_accepted"] > 20
+    for name in ("config.json", "model.pt", "accuracy.png", "updates.jsonl"):
+        assert (first_dir / name).stat().st_size > 0
+
+    def without_wall(rows: list[dict]) -> list[dict]:
+        return [{k: v for k, v in row.items() if k != "wall_time"} for row in rows]
+
+    metrics_a = without_wall(read_jsonl(first_dir / "metrics.jsonl"))
+    assert metrics_a == without_wall(read_jsonl(second_dir / "metrics.jsonl"))
+    assert len(metrics_a) == 13  # t = 0, 250, ..., 3000
+    assert read_jsonl(first_dir / "updates.jsonl") == read_jsonl(second_dir / "updates.jsonl")
+
+
+def test_corrupt_replies_are_rejected_and_the_run_finishes(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    faults = "nan@3,shape@5,unknown-task@7,dtype@9,no-metric@11,replay@13,inf@15"
+    result, run_dir = fedstale_run(superlink, tmp_path, "faults", f"{TINY} test-faults={faults}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates_rejected"] == 7
+    rejected = [line for line in result.stdout.splitlines() if "rejected update" in line]
+    assert len(rejected) == 7
+    for task, reason in [
+        (3, "NaN or Inf"),
+        (5, "shape"),
+        (7, "unknown task 1000000000"),
+        (9, "dtype float64"),
+        (11, "'num-examples' missing"),
+        (13, "answered task 12"),
+    ]:
+        assert any(f"task {task} " in line and reason in line for line in rejected), (
+            task,
+            rejected,
+        )
+    handled = {row["task"] for row in read_jsonl(run_dir / "updates.jsonl")}
+    assert handled.isdisjoint({3, 5, 7, 9, 11, 13, 15})
+    assert summary["final_accuracy"] > 0.3
+
+
+def test_flwr_run_with_a_bad_value_logs_one_line(superlink: SimulationSuperLink) -> None:
+    result = subprocess.run(
+        ["flwr", "run", str(ROOT), CONNECTION, "--stream", "--run-config", "strategy='nope'"],
+        env=superlink.env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    errors = [line for line in result.stdout.splitlines() if line.startswith("fedstale ERROR")]
+    assert errors == [
+        "fedstale ERROR: run config: unknown strategy 'nope'; choose one of fedasync, fedavg, "
+        "fedbuff; fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
+    ]
+    assert "Traceback" not in result.stdout
+
+
+@pytest.mark.parametrize("strategy", ["fedasync", "fedbuff"])
+def test_demo_budget_reaches_078_on_fashion_mnist(
+    strategy: str, superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    result, run_dir = fedstale_run(superlink, tmp_path, strategy, f"strategy={strategy}", 600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_accuracy"] >= 0.78, summary
