@@ -8,7 +8,9 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -47,6 +49,22 @@ class Counters:
     accepted: int = 0
     rejected: int = 0
     failed: int = 0
+    client_compute_seconds: float = 0.0
+
+
+class Stopwatch:
+    """Seconds the engine spends in each phase (where the overhead goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
 
 
 @dataclass
@@ -93,6 +111,8 @@ class Engine:
         self.evaluations: list[Evaluation] = []
         self.next_eval = 0.0
         self.wall_start = time.monotonic()
+        self.loop_started: float | None = None
+        self.watch = Stopwatch()
         self.last_refresh = -math.inf
         self.stop_reason = ""
         self.target_hit = False
@@ -131,6 +151,10 @@ class Engine:
         )
 
     def dispatch(self, client: int) -> None:
+        with self.watch("dispatch"):
+            self._dispatch(client)
+
+    def _dispatch(self, client: int) -> None:
         task_id, node = self.next_task_id, self.nodes.node_of[client]
         self.next_task_id += 1
         spec = self.task_spec(client, task_id)
@@ -195,6 +219,7 @@ class Engine:
             num_examples=metrics.num_examples,
             vector=self.layout.flatten(reply.arrays),
             signals=metrics.signals,
+            compute_seconds=metrics.compute_seconds,
         )
 
     def handle(self, task: Task, reply: Reply) -> None:
@@ -213,8 +238,10 @@ class Engine:
                 err,
             )
             return
-        outcome = self.strategy.on_update(update)
+        with self.watch("aggregate"):
+            outcome = self.strategy.on_update(update)
         self.counters.accepted += 1
+        self.counters.client_compute_seconds += update.compute_seconds
         if outcome.changed:
             self.version += 1
         for record in outcome.records:
@@ -238,7 +265,8 @@ class Engine:
                 self.stop_reason = f"target accuracy {self.run.target_accuracy}"
                 return handled
             self.clock.advance(task)
-            self.handle(task, self.arrived.pop(task.task_id))
+            with self.watch("handle"):
+                self.handle(task, self.arrived.pop(task.task_id))
             handled = True
             self.check_budgets()
             self.fill()
@@ -255,7 +283,8 @@ class Engine:
             self.next_eval += self.run.eval_interval
 
     def evaluate(self, at: float) -> Evaluation:
-        accuracy, loss = self.evaluator(self.strategy.model)
+        with self.watch("evaluate"):
+            accuracy, loss = self.evaluator(self.strategy.model)
         result = Evaluation(
             virtual_time=at,
             wall_time=time.monotonic() - self.wall_start,
@@ -317,17 +346,20 @@ class Engine:
 
     def run_loop(self) -> None:
         self.wait_for_clients()
+        self.loop_started = time.monotonic()
         self.evaluate_due(0.0)
         self.fill()
         while not self.stop_reason:
             self.refresh_nodes()
             self.fill()
-            self.collect()
+            with self.watch("pull"):
+                self.collect()
             if not self.process_ready():
                 self.check_budgets()
                 self.evaluate_due(self.wall_due_time())
                 self.guard_stall()
-                time.sleep(self.run.poll_interval)
+                with self.watch("idle"):
+                    time.sleep(self.run.poll_interval)
             if self.progress is not None:
                 self.progress(self)
         self.finish()

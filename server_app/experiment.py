@@ -37,6 +37,7 @@ def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:
 
 
 def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
+    loop_seconds = time.monotonic() - (engine.loop_started or engine.wall_start)
     evals = engine.evaluations
     times = [e.virtual_time for e in evals]
     accuracies = [e.accuracy for e in evals]
@@ -55,7 +56,10 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "tasks_lost": counters.failed,
         "tasks_dispatched": counters.dispatched,
         "wall_seconds": wall_seconds,
-        "updates_per_second": counters.accepted / max(wall_seconds, 1e-9),
+        "loop_seconds": loop_seconds,
+        "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
+        "client_compute_seconds": counters.client_compute_seconds,
+        "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
     }
 
 

@@ -33,6 +33,7 @@ class Update:
     num_examples: int
     vector: np.ndarray
     signals: dict[str, Any] = field(default_factory=dict)
+    compute_seconds: float = 0.0
 
 
 @dataclass
