@@ -227,3 +227,17 @@ def test_missing_clients_fail_with_one_clear_line() -> None:
     engine = make_engine(ScriptedTransport(4, delta_reply), node_wait_seconds=0.2)
     with pytest.raises(EngineError, match="only 4 of 6 clients answered"):
         engine.run_loop()
+
+
+def test_node_joining_mid_run_gets_work() -> None:
+    transport = ScriptedTransport(6, delta_reply, seed=11)
+    late_node, late_client = transport.nodes.popitem()
+    engine = make_engine(
+        transport, node_wait_seconds=0.05, clock="wall", max_virtual_time=0.0, max_versions=400
+    )
+    engine.wait_for_clients()  # wall clock: goes on with 5 of 6 clients, with a warning
+    assert late_client not in engine.nodes.clients
+    transport.nodes[late_node] = late_client
+    engine.last_refresh = float("-inf")
+    engine.run_loop()
+    assert late_client in {u.client for u in engine.strategy.seen}  # type: ignore[attr-defined]

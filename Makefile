@@ -1,0 +1,41 @@
+# Two commands on a fresh machine: `make demo` and `make test` (both set everything up).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+FMNIST := /usr/share/datasets/fashion-mnist
+# Without this the SuperLink runs `uv sync` for the app and pulls a multi-GB CUDA torch.
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+
+.PHONY: setup data demo test lint bench clean
+
+setup: $(VENV)/.installed
+
+# torch first, pinned to the CPU build; the project's own pin then leaves it alone.
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e ".[dev]"
+	touch $@
+
+# Debian's Fashion-MNIST where apt exists; otherwise the app downloads it with checksums.
+data:
+	@if [ ! -f $(FMNIST)/train-images-idx3-ubyte.gz ] && command -v apt-get >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; }; \
+	fi
+
+demo: setup data
+	$(BIN)/fedstale run $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
+
+test: setup data
+	$(BIN)/python -m pytest -q
+
+lint: setup
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+bench: setup data
+	$(BIN)/python -m bench.throughput
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

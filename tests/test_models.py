@@ -1,0 +1,51 @@
+"""The paper's models and the flat-vector view of their parameters."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.models import ParamLayout, build_model, evaluate, get_flat, set_flat
+
+
+@pytest.mark.parametrize(
+    ("name", "shape", "classes", "params"),
+    [
+        ("linear", (1, 28, 28), 10, 7_850),
+        ("cnn-mnist", (1, 28, 28), 10, 582_026),
+        ("cnn-cifar", (3, 32, 32), 10, 797_962),
+        ("cnn-cifar", (3, 32, 32), 100, 815_332),
+        ("mlp", (1, 8, 8), 10, 4_810),
+    ],
+)
+def test_models_build_and_run(name: str, shape: tuple, classes: int, params: int) -> None:
+    model = build_model(name, shape, classes, seed=0)
+    assert sum(p.numel() for p in model.parameters()) == params
+    assert model(torch.zeros(2, *shape)).shape == (2, classes)
+
+
+def test_linear_bias_starts_at_zero_and_seed_fixes_weights() -> None:
+    a, b = (build_model("linear", (1, 28, 28), 10, seed=3) for _ in range(2))
+    assert torch.equal(a.fc.bias, torch.zeros(10))
+    assert np.array_equal(get_flat(a), get_flat(b))
+
+
+def test_flat_round_trip() -> None:
+    model = build_model("cnn-mnist", (1, 28, 28), 10, seed=0)
+    layout = ParamLayout.of(model)
+    flat = get_flat(model)
+    assert flat.dtype == np.float32 and flat.size == layout.total
+    arrays = layout.unflatten(flat * 2)
+    assert list(arrays) == list(model.state_dict())
+    set_flat(model, layout.flatten(arrays))
+    np.testing.assert_allclose(get_flat(model), flat * 2)
+
+
+def test_evaluate_counts_correct_predictions() -> None:
+    model = build_model("linear", (1, 2, 1), 2, seed=0)
+    with torch.no_grad():
+        model.fc.weight.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    x = torch.tensor([[[[2.0], [0.0]]], [[[0.0], [2.0]]], [[[3.0], [1.0]]]])
+    accuracy, loss = evaluate(model, x, torch.tensor([0, 1, 1]))
+    assert accuracy == pytest.approx(2 / 3) and loss > 0
