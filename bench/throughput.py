@@ -31,6 +31,7 @@ from common.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from server_app.cli import tool  # noqa: E402
 from tests.flower_procs import CONNECTION, SimulationSuperLink  # noqa: E402
 
 
@@ -60,7 +61,7 @@ def simulation_summary(config: str, workdir: Path) -> dict:
     link = SimulationSuperLink(workdir / "flwr-home").start()
     try:
         command = [
-            "fedstale",
+            tool("fedstale"),
             "run",
             "--app",
             str(ROOT),

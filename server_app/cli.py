@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -81,13 +82,24 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
     return run, extra
 
 
+def tool(name: str) -> str:
+    """A console script of this environment (beside the interpreter), else from PATH."""
+    beside = Path(sys.executable).parent / name
+    if beside.is_file():
+        return str(beside)
+    found = shutil.which(name)
+    if found is None:
+        raise ConfigError(f"'{name}' not found; install flwr[simulation]==1.41.0 (make setup)")
+    return found
+
+
 def flower_command(
     app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
 ) -> list[str]:
     fed_values = parse_pairs(federation)
     fed_values.setdefault("num-supernodes", run.num_clients)
     return [
-        "flwr",
+        tool("flwr"),
         "run",
         str(app),
         *([superlink] if superlink else []),

@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from server_app.cli import tool
+
 CONNECTION = "fedstale-test"
 
 
@@ -68,7 +70,7 @@ class SimulationSuperLink:
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
         )
         command = [
-            "flower-superlink",
+            tool("flower-superlink"),
             "--insecure",
             "--simulation",
             "--isolation",

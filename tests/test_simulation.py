@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from server_app.cli import tool
 from tests.flower_procs import CONNECTION, SimulationSuperLink
 
 pytestmark = pytest.mark.integration
@@ -20,7 +21,7 @@ def fedstale_run(
 ) -> tuple[subprocess.CompletedProcess, Path]:
     result = subprocess.run(
         [
-            "fedstale",
+            tool("fedstale"),
             "run",
             "--app",
             str(ROOT),
@@ -94,7 +95,7 @@ def test_corrupt_replies_are_rejected_and_the_run_finishes(
 
 def test_flwr_run_with_a_bad_value_logs_one_line(superlink: SimulationSuperLink) -> None:
     result = subprocess.run(
-        ["flwr", "run", str(ROOT), CONNECTION, "--stream", "--run-config", "strategy='nope'"],
+        [tool("flwr"), "run", str(ROOT), CONNECTION, "--stream", "--run-config", "strategy='nope'"],
         env=superlink.env,
         capture_output=True,
         text=True,
