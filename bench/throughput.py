@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,8 +30,7 @@ from common.models import build_model
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from server_app.cli import tool  # noqa: E402
-from tests.flower_procs import CONNECTION, SimulationSuperLink  # noqa: E402
+from tests.flower_procs import SimulationSuperLink  # noqa: E402
 
 
 def bare_rate(config: dict, tasks: int) -> float:
@@ -60,20 +58,12 @@ def bare_rate(config: dict, tasks: int) -> float:
 def simulation_summary(config: str, workdir: Path) -> dict:
     link = SimulationSuperLink(workdir / "flwr-home").start()
     try:
-        command = [
-            tool("fedstale"),
-            "run",
-            "--app",
-            str(ROOT),
-            "--superlink",
-            CONNECTION,
-            "--run-config",
-            f"{config} run-name=throughput runs-dir={workdir / 'runs'}",
-        ]
-        subprocess.run(command, env=link.env, check=True, capture_output=True, timeout=1200)
+        result, run_dir = link.run_app(ROOT, workdir / "runs", "throughput", config, 1200)
     finally:
         link.stop()
-    return json.loads((workdir / "runs" / "throughput" / "summary.json").read_text())
+    if result.returncode != 0:
+        raise SystemExit(f"the simulation run failed:\n{result.stderr[-3000:]}")
+    return json.loads((run_dir / "summary.json").read_text())
 
 
 def main() -> None:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.config import RunConfig
+
 PARETO_SHAPE = 1.5
 
 
@@ -55,24 +57,15 @@ def client_latencies(
     raise ValueError(f"unknown latency profile '{kind}'")
 
 
-def build_profile(
-    kind: str,
-    num_clients: int,
-    low: float,
-    high: float,
-    seed: int,
-    *,
-    slow_fraction: float = 0.3,
-    slow_factor: float = 5.0,
-    jitter: float = 0.0,
-) -> LatencyProfile:
+def profile_for(run: RunConfig) -> LatencyProfile:
+    """The latency profile a run config describes."""
     base = client_latencies(
-        kind,
-        num_clients,
-        low,
-        high,
-        seed,
-        slow_fraction=slow_fraction,
-        slow_factor=slow_factor,
+        run.latency,
+        run.num_clients,
+        run.latency_min,
+        run.latency_max,
+        run.seed,
+        slow_fraction=run.slow_fraction,
+        slow_factor=run.slow_factor,
     )
-    return LatencyProfile(base=base, jitter=jitter, seed=seed)
+    return LatencyProfile(base=base, jitter=run.latency_jitter, seed=run.seed)

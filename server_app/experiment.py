@@ -10,7 +10,7 @@ import numpy as np
 
 from common.config import KebabModel, RunConfig
 from common.federation import federation_of, test_data
-from common.latency import build_profile
+from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from server_app.engine import Engine, Evaluator
 from server_app.progress import Progress
@@ -72,16 +72,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     )
     evaluator, initial, layout = make_evaluator(run)
     strategy = build_strategy(run, params, initial)
-    latency = build_profile(
-        run.latency,
-        run.num_clients,
-        run.latency_min,
-        run.latency_max,
-        run.seed,
-        slow_fraction=run.slow_fraction,
-        slow_factor=run.slow_factor,
-        jitter=run.latency_jitter,
-    )
+    latency = profile_for(run)
     engine = Engine(
         run,
         strategy,

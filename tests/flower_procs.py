@@ -91,3 +91,22 @@ class SimulationSuperLink:
     def stop(self) -> None:
         if self.process is not None:
             stop(self.process)
+
+    def run_app(
+        self, app: Path, runs: Path, name: str, config: str, timeout: float
+    ) -> tuple[subprocess.CompletedProcess, Path]:
+        """`fedstale run` on this SuperLink; returns the process result and the run folder."""
+        command = [
+            tool("fedstale"),
+            "run",
+            "--app",
+            str(app),
+            "--superlink",
+            CONNECTION,
+            "--run-config",
+            f"{config} run-name={name} runs-dir={runs}",
+        ]
+        result = subprocess.run(
+            command, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        return result, runs / name

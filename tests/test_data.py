@@ -14,8 +14,9 @@ import pytest
 
 from common import data
 from common.download import DownloadError, RemoteFile, fetch
-from common.latency import build_profile, client_latencies
+from common.latency import client_latencies, profile_for
 from common.partition import partition, split_validation
+from tests.helpers import run_config
 
 
 def write_idx(path: Path, array: np.ndarray) -> None:
@@ -186,7 +187,7 @@ def test_latency_profiles() -> None:
     assert np.median(tail) < 25 and tail.max() <= 500 and tail.min() >= 10
     slow = client_latencies("slow-fraction", 100, 10, 10, seed=0, slow_fraction=0.3, slow_factor=5)
     assert sorted(np.unique(slow)) == [10, 50] and (slow == 50).sum() == 30
-    profile = build_profile("uniform", 5, 10, 500, seed=0, jitter=0.2)
+    profile = profile_for(run_config(num_clients=5, latency_jitter=0.2))
     draws = [profile.task_latency(2, t) for t in range(50)]
     base = profile.base[2]
     assert min(draws) >= 0.8 * base and max(draws) <= 1.2 * base and len(set(draws)) > 1

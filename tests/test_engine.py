@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.latency import build_profile
+from common.latency import profile_for
 from common.models import ParamLayout
 from server_app.engine import Engine, EngineError
 from strategies.base import NoParams, Outcome, Strategy, Update, update_record
@@ -49,9 +49,7 @@ def make_engine(
     }
     run = run_config(**settings)
     strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
-    latency = build_profile(
-        run.latency, run.num_clients, run.latency_min, run.latency_max, run.seed
-    )
+    latency = profile_for(run)
     evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
     return Engine(run, strategy, transport, LAYOUT, latency, evaluator, ListRecorder())
 

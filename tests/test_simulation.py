@@ -19,24 +19,7 @@ TINY = "dataset=digits num-clients=10 concurrency=3 lr=0.1 max-virtual-time=3000
 def fedstale_run(
     link: SimulationSuperLink, runs: Path, name: str, config: str, timeout: float = 420
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    result = subprocess.run(
-        [
-            tool("fedstale"),
-            "run",
-            "--app",
-            str(ROOT),
-            "--superlink",
-            CONNECTION,
-            "--run-config",
-            f"{config} run-name={name} runs-dir={runs}",
-        ],
-        env=link.env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-    return result, runs / name
+    return link.run_app(ROOT, runs, name, config, timeout)
 
 
 def read_jsonl(path: Path) -> list[dict]:
