@@ -68,7 +68,7 @@ class RunConfig(KebabModel):
     dataset: Dataset = "fmnist"
     data_dir: str = ""
     model: ModelName = "auto"
-    partition: Literal["iid", "dirichlet", "pathological"] = "dirichlet"
+    partition: Literal["iid", "dirichlet", "pathological"] = "iid"
     dirichlet_alpha: float = Field(1.0, gt=0)
     dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
     classes_per_client: int = Field(2, ge=1)
@@ -92,7 +92,7 @@ class RunConfig(KebabModel):
     slow_factor: float = Field(5.0, ge=1)
     latency_jitter: float = Field(0.0, ge=0, lt=1)
 
-    max_virtual_time: float = Field(30000.0, ge=0)
+    max_virtual_time: float = Field(43200.0, ge=0)
     max_versions: int = Field(0, ge=0)
     target_accuracy: float = Field(0.0, ge=0, le=1)
     max_wall_seconds: float = Field(0.0, ge=0)

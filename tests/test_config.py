@@ -74,3 +74,18 @@ def test_cli_check_exits_nonzero_with_one_line() -> None:
 
 def test_cli_check_accepts_a_good_config() -> None:
     assert main(["check", "--app", str(ROOT), "--run-config", "strategy=fedasync"]) == 0
+
+
+def test_pyproject_defaults_match_the_models() -> None:
+    """Every key in [tool.flwr.app.config] is known, with the same default as its model."""
+    import tomllib
+
+    from common.config import RunConfig
+    from strategies.registry import STRATEGIES, known_keys
+
+    defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert set(defaults) == known_keys()
+    models = [RunConfig, *(cls.Params for cls in STRATEGIES.values())]
+    for model in models:
+        for name, field in model.model_fields.items():
+            assert defaults[field.alias or name] == field.default, name
