@@ -115,7 +115,12 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     run, overrides = resolve(app, parse_pairs(run_config))
     command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
-    env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    env = {
+        **os.environ,
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        # flwr starts `flower-superlink` from PATH: make it this environment's.
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
     started = time.time()
     subprocess.run(command, env=env, check=False)
     summary = runs_root(run.runs_dir) / run.run_name / "summary.json"
