@@ -5,6 +5,8 @@ BIN := $(VENV)/bin
 FMNIST := /usr/share/datasets/fashion-mnist
 # Without this the SuperLink runs `uv sync` for the app and pulls a multi-GB CUDA torch.
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+# Flower's processes start each other from PATH.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .PHONY: setup data demo test lint bench clean
 

@@ -82,6 +82,19 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
     return run, extra
 
 
+def flower_env(**extra: str) -> dict[str, str]:
+    """The environment Flower's processes need: this environment's console scripts first on
+    PATH (flwr starts `flower-superlink`, which starts `flower-superexec`, from PATH) and no
+    runtime dependency installation (else the SuperLink runs `uv sync`: a CUDA torch)."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+    return {
+        **os.environ,
+        "PATH": path,
+        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+        **extra,
+    }
+
+
 def tool(name: str) -> str:
     """A console script of this environment (beside the interpreter), else from PATH."""
     beside = Path(sys.executable).parent / name
@@ -115,12 +128,7 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     run, overrides = resolve(app, parse_pairs(run_config))
     command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
-    env = {
-        **os.environ,
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        # flwr starts `flower-superlink` from PATH: make it this environment's.
-        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
-    }
+    env = flower_env()
     started = time.time()
     subprocess.run(command, env=env, check=False)
     summary = runs_root(run.runs_dir) / run.run_name / "summary.json"

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from server_app.cli import tool
+from server_app.cli import flower_env, tool
 
 CONNECTION = "fedstale-test"
 
@@ -57,11 +57,7 @@ class SimulationSuperLink:
 
     @property
     def env(self) -> dict[str, str]:
-        return {
-            **os.environ,
-            "FLWR_HOME": str(self.home),
-            "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        }
+        return flower_env(FLWR_HOME=str(self.home))
 
     def start(self) -> SimulationSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
