@@ -20,7 +20,8 @@ from common.config import RunConfig, parse_run_config
 from common.federation import client_data, federation_of
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.records import from_array_record, to_array_record
-from common.schema import ARRAYS, CONFIG, METRICS, RETURN_DELTA, ReplyKeys, TaskSpec
+from common.schema import ARRAYS, CONFIG, METRICS, RETURN_DELTA, ReplyKeys, SignalKeys, TaskSpec
+from common.sensitivity import sketch_for_task
 
 app = ClientApp()
 
@@ -95,7 +96,8 @@ def train(msg: Message, context: Context) -> Message:
         proximal_mu=task.proximal_mu,
     )
     trained = get_flat(model)
-    result = trained - start if task.returns == RETURN_DELTA else trained
+    delta = trained - start
+    result = delta if task.returns == RETURN_DELTA else trained
     metrics = {
         ReplyKeys.TASK_ID: task.task_id,
         ReplyKeys.PARTITION_ID: partition,
@@ -103,6 +105,11 @@ def train(msg: Message, context: Context) -> Message:
         ReplyKeys.TRAIN_LOSS: loss,
         ReplyKeys.COMPUTE_SECONDS: time.perf_counter() - started,
     }
+    if SignalKeys.SKETCH_K in task.extra:
+        fed = federation_of(cfg)
+        sketch = sketch_for_task(model, task.extra, fed.input_shape, fed.num_classes)
+        metrics[SignalKeys.SKETCH] = [float(v) for v in sketch]
+        metrics[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
     arrays = layout.unflatten(result)
     if task.task_id in cfg.faults:
         metrics, arrays = corrupt(cfg.faults[task.task_id], metrics, arrays)

@@ -37,6 +37,20 @@ class TaskKeys:
     PROXIMAL_MU = "proximal-mu"
 
 
+class SignalKeys:
+    """Task-config entries that ask for FedPSA's signal, and the reply metrics carrying it."""
+
+    SKETCH_K = "sketch-k"
+    SKETCH_SEED = "sketch-seed"
+    SKETCH_OF = "sketch-of"  # "sensitivity" or "params"
+    CALIB_SIZE = "calib-size"
+    CALIB_SEED = "calib-seed"
+    CALIB_X = "calib-x"  # a real calibration batch, sent once (float32 bytes)
+    CALIB_Y = "calib-y"  # its labels (int64 bytes)
+    SKETCH = "sketch"
+    UPDATE_NORM_SQ = "update-norm-sq"
+
+
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"

@@ -211,7 +211,7 @@ class Engine:
         if reply.arrays is None:
             raise InvalidReply("reply carries no arrays")
         check_arrays(reply.arrays, self.layout.names, self.layout.shapes)
-        return Update(
+        update = Update(
             client=task.client,
             task_id=task.task_id,
             base_version=task.version,
@@ -221,6 +221,8 @@ class Engine:
             signals=metrics.signals,
             compute_seconds=metrics.compute_seconds,
         )
+        self.strategy.validate(update)
+        return update
 
     def handle(self, task: Task, reply: Reply) -> None:
         self.tasks.pop(task.task_id)

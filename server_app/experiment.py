@@ -12,10 +12,12 @@ from common.config import KebabModel, RunConfig
 from common.federation import federation_of, test_data
 from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
+from common.sensitivity import sketch_for_task
 from server_app.engine import Engine, Evaluator
 from server_app.progress import Progress
 from server_app.results import RunRecorder, aulc, run_name, runs_root
 from server_app.transport import Transport
+from strategies.base import Strategy
 from strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
@@ -34,6 +36,24 @@ def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:
         return evaluate(model, x_test, y_test, run.eval_batch_size)
 
     return score, get_flat(model), ParamLayout.of(model)
+
+
+def bind_server_signals(run: RunConfig, strategy: Strategy) -> None:
+    """Give a FedPSA-style strategy the server's sketch of a global model, computed exactly
+    as the clients compute theirs (same batch, projection and settings)."""
+    bind = getattr(strategy, "bind_sketcher", None)
+    if bind is None:
+        return
+    fed = federation_of(run)
+    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
+    model = model.to(resolve_device(run.device))
+    settings = strategy.task_extra(-1)
+
+    def sketch_of_global(flat: np.ndarray) -> np.ndarray:
+        set_flat(model, flat)
+        return sketch_for_task(model, settings, fed.input_shape, fed.num_classes)
+
+    bind(sketch_of_global)
 
 
 def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
@@ -72,6 +92,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     )
     evaluator, initial, layout = make_evaluator(run)
     strategy = build_strategy(run, params, initial)
+    bind_server_signals(run, strategy)
     latency = profile_for(run)
     engine = Engine(
         run,

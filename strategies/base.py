@@ -84,6 +84,9 @@ class Strategy(ABC):
         """Metrics every train reply must carry for this rule, beyond the common ones."""
         return {}
 
+    def validate(self, update: Update) -> None:
+        """Raise common.schema.InvalidReply when an update's signals do not hold up."""
+
     def may_dispatch(self) -> bool:
         return True
 

@@ -10,11 +10,16 @@ import numpy as np
 
 from common.config import FIX_HINT, ConfigError, KebabModel, RunConfig, parse_model
 from strategies.base import Strategy
+from strategies.ca2fl import CA2FL
 from strategies.fedasync import FedAsync
 from strategies.fedavg import FedAvg
 from strategies.fedbuff import FedBuff
+from strategies.fedfa import FedFa
+from strategies.fedpsa import FedPSA
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (FedAvg, FedAsync, FedBuff)}
+STRATEGIES: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA)
+}
 
 
 def known_keys() -> set[str]:

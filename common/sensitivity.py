@@ -1,0 +1,123 @@
+"""FedPSA's behavioural signal (papers/fedpsa.md, Sec. 5.2 and 5.4).
+
+- Calibration batch D_b: B samples shared by every client and the server. Default: i.i.d.
+  N(0, 1) inputs of the model's input shape with uniformly random labels, generated from a
+  seed, so that only the seed travels.
+- Parameter sensitivity (eq. 8): s = |g * theta - 0.5 * F * theta^2|, g the gradient of the
+  mean loss on D_b, F = (1/B) sum_k g_k^2 the empirical Fisher diagonal (eq. 6) from
+  per-sample gradients g_k, computed batched with torch.func (vmap over grad).
+- Sketch (eq. 11): R s with R (k x d) of i.i.d. N(0, 1/k) entries, generated from a shared
+  seed one block of columns at a time, so the k x d matrix never sits in memory. Every block
+  has its own seed, so client and server build identical blocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.func import functional_call, grad, vmap
+
+from common.schema import SignalKeys
+
+SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
+
+
+def calibration_batch(
+    seed: int, input_shape: tuple[int, ...], num_classes: int, size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gaussian inputs and uniform labels from `seed`; identical wherever it is built."""
+    generator = torch.Generator().manual_seed(int(seed))
+    x = torch.randn((size, *input_shape), generator=generator)
+    y = torch.randint(0, num_classes, (size,), generator=generator)
+    return x, y
+
+
+def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, torch.Tensor]:
+    """name -> (B, *shape) gradients of each sample's cross-entropy, batched with vmap."""
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    buffers = {k: v.detach() for k, v in model.named_buffers()}
+
+    def sample_loss(p: dict, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        logits = functional_call(model, (p, buffers), (xb.unsqueeze(0),))
+        return nn.functional.cross_entropy(logits, yb.unsqueeze(0))
+
+    return vmap(grad(sample_loss), in_dims=(None, 0, 0))(params, x, y)
+
+
+def sensitivity(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Eq. 8 for every parameter, flattened in `named_parameters` order (float32)."""
+    was_training = model.training
+    model.eval()
+    grads = per_sample_grads(model, x, y)
+    model.train(was_training)
+    pieces = []
+    for name, theta in model.named_parameters():
+        g_k = grads[name]
+        g = g_k.mean(0)
+        fisher = (g_k**2).mean(0)
+        t = theta.detach()
+        pieces.append((g * t - 0.5 * fisher * t**2).abs().reshape(-1))
+    return torch.cat(pieces).float()
+
+
+def parameters_vector(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()]).float()
+
+
+def _block_seed(seed: int, block: int) -> int:
+    return int(np.random.SeedSequence([seed, block, 0x5C]).generate_state(1)[0] & 0x7FFFFFFF)
+
+
+def sketch(vector: torch.Tensor, k: int, seed: int) -> np.ndarray:
+    """R @ vector with R ~ N(0, 1/k), built block by block (peak extra memory: k x block)."""
+    flat = vector.detach().reshape(-1).float().cpu()
+    out = torch.zeros(k, dtype=torch.float64)
+    generator = torch.Generator()
+    for block, start in enumerate(range(0, flat.numel(), SKETCH_BLOCK)):
+        part = flat[start : start + SKETCH_BLOCK]
+        generator.manual_seed(_block_seed(seed, block))
+        r_block = torch.randn((k, part.numel()), generator=generator)
+        out += (r_block @ part).double()
+    return (out / np.sqrt(k)).numpy()
+
+
+def model_sketch(
+    model: nn.Module,
+    batch: tuple[torch.Tensor, torch.Tensor],
+    k: int,
+    seed: int,
+    of: str = "sensitivity",
+) -> np.ndarray:
+    """The k-float sketch of a model: of its sensitivity on `batch`, or of its raw
+    parameters (the `no-sensitivity` ablation)."""
+    device = next(model.parameters()).device
+    if of == "params":
+        return sketch(parameters_vector(model), k, seed)
+    x, y = batch
+    return sketch(sensitivity(model, x.to(device), y.to(device)), k, seed)
+
+
+def sketch_for_task(
+    model: nn.Module,
+    settings: Mapping[str, Any],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+) -> np.ndarray:
+    """The sketch a task's config asks for; the server calls it with the same settings."""
+    batch = calibration_batch(
+        int(settings[SignalKeys.CALIB_SEED]),
+        input_shape,
+        num_classes,
+        int(settings[SignalKeys.CALIB_SIZE]),
+    )
+    return model_sketch(
+        model,
+        batch,
+        int(settings[SignalKeys.SKETCH_K]),
+        int(settings[SignalKeys.SKETCH_SEED]),
+        str(settings[SignalKeys.SKETCH_OF]),
+    )
