@@ -33,6 +33,8 @@ def train_task(
 ) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     """Train from `arrays` as the task config says; returns (metrics, delta or model)."""
     started = time.perf_counter()
+    if cfg.client_threads:
+        torch.set_num_threads(cfg.client_threads)
     task = TaskSpec.from_config(config)
     model, layout = client_model(cfg)
     start = layout.flatten(dict(arrays))

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from server_app.cli import tool
+from server_app.cli import parse_pairs, tool
+from server_app.experiment import run_experiment
+from server_app.inprocess import InProcessTransport
+from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
 
 pytestmark = pytest.mark.integration
@@ -47,6 +50,13 @@ def test_tiny_run_beats_chance_and_replays_identically(
     assert metrics_a == without_wall(read_jsonl(second_dir / "metrics.jsonl"))
     assert len(metrics_a) == 13  # t = 0, 250, ..., 3000
     assert read_jsonl(first_dir / "updates.jsonl") == read_jsonl(second_dir / "updates.jsonl")
+
+    # The same engine and client code in one process, without Flower: the same run.
+    values = {**parse_pairs(TINY + " seed=5"), "run-name": "c", "runs-dir": str(tmp_path)}
+    run, params = load_config(values)
+    run_experiment(run, params, InProcessTransport(run))
+    assert without_wall(read_jsonl(tmp_path / "c" / "metrics.jsonl")) == metrics_a
+    assert read_jsonl(tmp_path / "c" / "updates.jsonl") == read_jsonl(first_dir / "updates.jsonl")
 
 
 def test_corrupt_replies_are_rejected_and_the_run_finishes(
