@@ -24,6 +24,7 @@ from torch.func import functional_call, grad, vmap
 from common.schema import SignalKeys
 
 SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
+GRAD_CHUNK_BYTES = 16 << 20  # per-sample gradients held at once, so big models stay small
 
 
 def calibration_batch(
@@ -49,17 +50,27 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict
 
 
 def sensitivity(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Eq. 8 for every parameter, flattened in `named_parameters` order (float32)."""
+    """Eq. 8 for every parameter, flattened in `named_parameters` order (float32).
+
+    Per-sample gradients are taken a chunk of samples at a time (at most GRAD_CHUNK_BYTES
+    of them), accumulating sum g_k and sum g_k^2, so memory does not grow with B * d."""
     was_training = model.training
     model.eval()
-    grads = per_sample_grads(model, x, y)
+    params = dict(model.named_parameters())
+    size = sum(p.numel() for p in params.values())
+    chunk = max(1, GRAD_CHUNK_BYTES // (4 * size))
+    grad_sum = {n: torch.zeros_like(p) for n, p in params.items()}
+    square_sum = {n: torch.zeros_like(p) for n, p in params.items()}
+    for start in range(0, len(y), chunk):
+        grads = per_sample_grads(model, x[start : start + chunk], y[start : start + chunk])
+        for name, g_k in grads.items():
+            grad_sum[name] += g_k.sum(0)
+            square_sum[name] += (g_k**2).sum(0)
+        del grads
     model.train(was_training)
     pieces = []
-    for name, theta in model.named_parameters():
-        g_k = grads[name]
-        g = g_k.mean(0)
-        fisher = (g_k**2).mean(0)
-        t = theta.detach()
+    for name, theta in params.items():
+        g, fisher, t = grad_sum[name] / len(y), square_sum[name] / len(y), theta.detach()
         pieces.append((g * t - 0.5 * fisher * t**2).abs().reshape(-1))
     return torch.cat(pieces).float()
 

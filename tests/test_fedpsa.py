@@ -170,3 +170,13 @@ def test_client_and_server_sketch_identically() -> None:
     assert strategy.sketch_global is not None
     np.testing.assert_array_equal(strategy.sketch_global(flat), client_sketch)
     assert client_sketch.shape == (16,)
+
+
+def test_sensitivity_in_sample_chunks_equals_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import common.sensitivity as module
+
+    model = build_model("mlp", (1, 8, 8), 10, seed=1)
+    x, y = module.calibration_batch(3, (1, 8, 8), 10, 12)
+    whole = sensitivity(model, x, y)
+    monkeypatch.setattr(module, "GRAD_CHUNK_BYTES", 1)  # one sample at a time
+    torch.testing.assert_close(sensitivity(model, x, y), whole, rtol=1e-5, atol=1e-9)

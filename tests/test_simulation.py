@@ -112,3 +112,17 @@ def test_demo_budget_reaches_078_on_fashion_mnist(
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_accuracy"] >= 0.78, summary
+
+
+def test_fedpsa_signals_travel_over_flower(superlink: SimulationSuperLink, tmp_path: Path) -> None:
+    """Sketches and update norms go through real MetricRecords; kappa and Temp are logged."""
+    result, run_dir = fedstale_run(
+        superlink, tmp_path, "psa", f"{TINY} strategy=fedpsa fedpsa-queue=10"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(run_dir / "updates.jsonl")
+    assert rows and all({"kappa", "temp", "weight"} <= set(row) for row in rows)
+    assert any(row["temp"] != 5.5 for row in rows)  # the thermometer filled and moved
+    assert all(-1.0 <= row["kappa"] <= 1.0 for row in rows)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["updates_rejected"] == 0 and summary["final_accuracy"] > 0.3
