@@ -1,0 +1,310 @@
+"""The FedPSA paper's Fashion-MNIST experiments, regenerated.
+
+    python -m bench.reproduce_fedpsa                      # Table 1, a quarter virtual day, 1 seed
+    python -m bench.reproduce_fedpsa --full               # Table 1 as the paper: 10 days, 3 seeds
+    python -m bench.reproduce_fedpsa --suite ablation     # Table 6 (full / w/o T / w/o S / w/o T&S)
+    python -m bench.reproduce_fedpsa --suite latency      # Table 4's latency settings
+
+Protocol (paper Sec. 6.1, FLGo's harness): linear model, 50 clients, concurrency 20%,
+latency uniform 10-500 per client, lr 0.01 decayed x0.999 per version, 5 local epochs,
+batch 64, buffer 5, Dirichlet (Hsu, FLGo's convention) alpha 0.1 / 0.5 / 1.0, the standard
+test split. Every run uses the real engine, strategies and client code through the
+in-process transport (identical results to Flower simulation on the virtual clock, at the
+bare loop's speed), several at once on separate cores. Writes, under --out:
+results.jsonl (one line per run), table.md (ours beside the paper's) and accuracy.png
+(paper Fig. 3 style).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DAY = 86_400.0
+METHODS = ("fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa")
+ALPHAS = (0.1, 0.5, 1.0)
+PAPER_TABLE1 = {  # FMNIST final accuracy (%), alpha 0.1 / 0.5 / 1.0, after 10 virtual days
+    "fedbuff": (84.03, 83.87, 84.06),
+    "fedavg": (80.77, 78.38, 82.46),
+    "fedasync": (82.59, 82.82, 83.00),
+    "ca2fl": (83.26, 83.60, 83.78),
+    "fedfa": (82.19, 82.73, 83.25),
+    "fedpsa": (83.84, 83.93, 84.14),
+}
+ABLATIONS = {
+    "full": "none",
+    "w/o T": "no-thermometer",
+    "w/o S": "no-sensitivity",
+    "w/o T&S": "no-both",
+}
+PAPER_TABLE6 = {  # CIFAR-10 in the paper, concurrency 0.1 / 0.2 / 0.3
+    (1.0, "w/o T"): (62.8, 63.54, 64.98),
+    (1.0, "w/o S"): (61.43, 61.77, 63.97),
+    (1.0, "w/o T&S"): (61.51, 61.68, 62.74),
+    (1.0, "full"): (63.22, 64.30, 65.76),
+    (0.1, "w/o T"): (53.30, 56.90, 59.15),
+    (0.1, "w/o S"): (54.07, 56.71, 58.56),
+    (0.1, "w/o T&S"): (44.08, 51.09, 55.16),
+    (0.1, "full"): (59.78, 61.22, 62.39),
+}
+LATENCIES = ((10, 500), (20, 1000), (50, 2500))
+PROTOCOL = {
+    "dataset": "fmnist",
+    "model": "linear",
+    "partition": "dirichlet",
+    "dirichlet-convention": "hsu",
+    "test-split": "standard",
+    "num-clients": 50,
+    "concurrency": 10,
+    "buffer-size": 5,
+    "local-epochs": 5,
+    "batch-size": 64,
+    "lr": 0.01,
+    "lr-decay": 0.999,
+    "latency": "uniform",
+    "latency-min": 10.0,
+    "latency-max": 500.0,
+}
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    labels: dict[str, Any]
+    config: dict[str, Any]
+
+
+def table1_jobs(budget: float, seeds: int) -> list[Job]:
+    return [
+        Job(
+            f"t1-{method}-a{alpha}-s{seed}",
+            {"suite": "table1", "method": method, "alpha": alpha, "seed": seed},
+            {"strategy": method, "dirichlet-alpha": alpha, "seed": seed},
+        )
+        for alpha in ALPHAS
+        for method in METHODS
+        for seed in range(seeds)
+    ]
+
+
+def ablation_jobs(budget: float, seeds: int) -> list[Job]:
+    return [
+        Job(
+            f"t6-{ablation}-a{alpha}-p{rate}-s{seed}",
+            {"suite": "ablation", "variant": label, "alpha": alpha, "rate": rate, "seed": seed},
+            {
+                "strategy": "fedpsa",
+                "fedpsa-ablation": ablation,
+                "dirichlet-alpha": alpha,
+                "concurrency": round(rate * 50),
+                "seed": seed,
+            },
+        )
+        for alpha in (0.1, 1.0)
+        for label, ablation in ABLATIONS.items()
+        for rate in (0.1, 0.2, 0.3)
+        for seed in range(seeds)
+    ]
+
+
+def latency_jobs(budget: float, seeds: int) -> list[Job]:
+    return [
+        Job(
+            f"t4-{method}-{kind}-{low}-{high}-s{seed}",
+            {"suite": "latency", "method": method, "latency": f"{kind} {low}-{high}", "seed": seed},
+            {
+                "strategy": method,
+                "latency": kind,
+                "latency-min": float(low),
+                "latency-max": float(high),
+                "dirichlet-alpha": 0.1,
+                "seed": seed,
+            },
+        )
+        for low, high in LATENCIES
+        for kind in ("uniform", "long-tail")
+        for method in ("fedbuff", "ca2fl", "fedpsa")
+        for seed in range(seeds)
+    ]
+
+
+SUITES = {"table1": table1_jobs, "ablation": ablation_jobs, "latency": latency_jobs}
+
+
+def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
+    """One run in this (worker) process; returns its summary and accuracy curve."""
+    from server_app.experiment import run_experiment
+    from server_app.inprocess import InProcessTransport
+    from strategies.registry import load_config
+
+    values = {
+        **PROTOCOL,
+        **job.config,
+        "max-virtual-time": budget,
+        "eval-interval": budget / 50,
+        "run-name": job.name,
+        "runs-dir": runs_dir,
+        "progress-interval": 3600.0,
+    }
+    run, params = load_config(values)
+    summary = run_experiment(run, params, InProcessTransport(run))
+    rows = [json.loads(line) for line in (Path(runs_dir) / job.name / "metrics.jsonl").open()]
+    curve = [(row["virtual_time"], row["accuracy"]) for row in rows]
+    return {"name": job.name, **job.labels, "summary": summary, "curve": curve}
+
+
+def run_all(jobs: list[Job], budget: float, out: Path, workers: int) -> list[dict[str, Any]]:
+    done_path = out / "results.jsonl"
+    done = {}
+    if done_path.exists():  # resume: keep what an earlier invocation finished
+        done = {r["name"]: r for r in map(json.loads, done_path.read_text().splitlines())}
+    todo = [job for job in jobs if job.name not in done]
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers) as pool, done_path.open("a") as sink:
+        pending = [pool.apply_async(run_job, (job, budget, str(out / "runs"))) for job in todo]
+        for index, handle in enumerate(pending, 1):
+            result = handle.get()
+            sink.write(json.dumps(result) + "\n")
+            sink.flush()
+            done[result["name"]] = result
+            elapsed = time.monotonic() - started
+            eta = elapsed / index * (len(pending) - index)
+            print(
+                f"[{index}/{len(pending)}] {result['name']}: final "
+                f"{result['summary']['final_accuracy']:.4f} ({elapsed:.0f} s, eta {eta:.0f} s)",
+                flush=True,
+            )
+    return [done[job.name] for job in jobs]
+
+
+def mean_std(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def table1_markdown(results: list[dict[str, Any]], budget: float) -> str:
+    lines = [
+        f"Final accuracy (%) and AULC (accuracy x days) on Fashion-MNIST after {budget / DAY:g} "
+        "virtual days (paper: 10 days). Dirichlet: Hsu et al. (FLGo's convention).",
+        "",
+        "| method | " + " | ".join(f"a={a} ours | a={a} paper | a={a} AULC" for a in ALPHAS) + " |",
+        "| --- |" + " --- | --- | --- |" * len(ALPHAS),
+    ]
+    for method in METHODS:
+        cells = []
+        for column, alpha in enumerate(ALPHAS):
+            rows = [r for r in results if r["method"] == method and r["alpha"] == alpha]
+            finals = [100 * r["summary"]["final_accuracy"] for r in rows]
+            aulcs = [r["summary"]["aulc_days"] for r in rows]
+            cells += [mean_std(finals), f"{PAPER_TABLE1[method][column]:.2f}", mean_std(aulcs)]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ablation_markdown(results: list[dict[str, Any]], budget: float) -> str:
+    lines = [
+        f"FedPSA ablations on Fashion-MNIST after {budget / DAY:g} virtual days; final "
+        "accuracy (%) ours / paper (the paper's Table 6 is on CIFAR-10).",
+        "",
+        "| alpha | variant | p=0.1 | p=0.2 | p=0.3 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for alpha in (0.1, 1.0):
+        for label in ABLATIONS:
+            cells = []
+            for column, rate in enumerate((0.1, 0.2, 0.3)):
+                rows = [
+                    r
+                    for r in results
+                    if r["alpha"] == alpha and r["variant"] == label and r["rate"] == rate
+                ]
+                ours = mean_std([100 * r["summary"]["final_accuracy"] for r in rows])
+                cells.append(f"{ours} / {PAPER_TABLE6[(alpha, label)][column]:.2f}")
+            lines.append(f"| {alpha} | {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def latency_markdown(results: list[dict[str, Any]], budget: float) -> str:
+    settings = [
+        f"{kind} {low}-{high}" for low, high in LATENCIES for kind in ("uniform", "long-tail")
+    ]
+    lines = [
+        f"Final accuracy (%) on Fashion-MNIST, alpha 0.1, after {budget / DAY:g} virtual days "
+        "under the latency settings of the paper's Table 4 (which is on CIFAR-100).",
+        "",
+        "| method | " + " | ".join(settings) + " |",
+        "| --- |" + " --- |" * len(settings),
+    ]
+    for method in ("fedbuff", "ca2fl", "fedpsa"):
+        cells = []
+        for setting in settings:
+            rows = [r for r in results if r["method"] == method and r["latency"] == setting]
+            cells.append(mean_std([100 * r["summary"]["final_accuracy"] for r in rows]))
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+MARKDOWN = {"table1": table1_markdown, "ablation": ablation_markdown, "latency": latency_markdown}
+
+
+def plot_curves(results: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(ALPHAS), figsize=(5 * len(ALPHAS), 4), sharey=True)
+    for ax, alpha in zip(axes, ALPHAS, strict=True):
+        for method in METHODS:
+            rows = [r for r in results if r["method"] == method and r["alpha"] == alpha]
+            if not rows:
+                continue
+            times = [t / DAY for t, _ in rows[0]["curve"]]
+            accuracy = [statistics.mean(r["curve"][i][1] for r in rows) for i in range(len(times))]
+            ax.plot(times, accuracy, label=method, linewidth=1.3)
+        ax.set_title(f"Fashion-MNIST, Dir({alpha})")
+        ax.set_xlabel("virtual days")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("test accuracy")
+    axes[-1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--suite", choices=[*SUITES, "all"], default="table1")
+    parser.add_argument("--days", type=float, default=0.25, help="virtual days per run")
+    parser.add_argument("--seeds", type=int, default=1)
+    parser.add_argument("--full", action="store_true", help="the paper's budget: 10 days, 3 seeds")
+    parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
+    parser.add_argument("--out", type=Path, default=Path("runs/reproduce-fedpsa"))
+    args = parser.parse_args()
+    days, seeds = (10.0, 3) if args.full else (args.days, args.seeds)
+    budget = days * DAY
+    out = args.out / f"{days:g}d-{seeds}seeds"
+    out.mkdir(parents=True, exist_ok=True)
+    suites = list(SUITES) if args.suite == "all" else [args.suite]
+    for suite in suites:
+        jobs = SUITES[suite](budget, seeds)
+        print(f"{suite}: {len(jobs)} runs of {days:g} virtual days on {args.workers} workers")
+        results = run_all(jobs, budget, out, args.workers)
+        markdown = MARKDOWN[suite](results, budget)
+        (out / f"{suite}.md").write_text(markdown + "\n")
+        print(markdown)
+        if suite == "table1":
+            plot_curves(results, out / "accuracy.png")
+    print(f"results in {out}")
+
+
+if __name__ == "__main__":
+    main()
