@@ -331,7 +331,6 @@ class Engine:
         deadline = time.monotonic() + self.run.node_wait_seconds
         while len(self.nodes.clients) < self.run.num_clients and time.monotonic() < deadline:
             self.refresh_nodes(force=True)
-            self.nodes.collect(self.transport)
             time.sleep(self.run.poll_interval)
         found, wanted = len(self.nodes.clients), self.run.num_clients
         if found == wanted:
