@@ -6,6 +6,7 @@ pydantic-heavy work at import), since a deployed SuperNode starts a fresh proces
 
 from __future__ import annotations
 
+import time
 from functools import cache
 
 import numpy as np
@@ -63,7 +64,17 @@ def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     arrays = from_array_record(msg.content[ARRAYS])
     metrics, result = train_task(cfg, partition_of(context, cfg), msg.content[CONFIG], arrays)
+    time.sleep(injected_delay(context))
     return _reply(msg, metrics, result)
+
+
+def injected_delay(context: Context) -> float:
+    """Seconds a deployed node waits after training (node-config `delay-seconds`): a slow
+    device on a local deployment (server_app/deploy.py)."""
+    delay = float(context.node_config.get("delay-seconds", 0.0))
+    if delay < 0:
+        raise ValueError(f"node-config delay-seconds={delay} is negative; use 0 or more")
+    return delay
 
 
 @app.evaluate()

@@ -14,7 +14,7 @@ import torch
 from client_app.faults import corrupt
 from client_app.training import local_train
 from common.config import RunConfig
-from common.federation import client_data, federation_of
+from common.federation import client_data, data_shape
 from common.models import ParamLayout, build_model, get_flat, resolve_device, set_flat
 from common.schema import RETURN_DELTA, ReplyKeys, SignalKeys, TaskSpec
 from common.sensitivity import sketch_for_task
@@ -23,8 +23,8 @@ from common.sensitivity import sketch_for_task
 @cache
 def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
     """One model object per process and config, reloaded with each task's weights."""
-    fed = federation_of(cfg)
-    model = build_model(cfg.model_name, fed.input_shape, fed.num_classes, cfg.seed)
+    input_shape, num_classes = data_shape(cfg)
+    model = build_model(cfg.model_name, input_shape, num_classes, cfg.seed)
     return model.to(resolve_device(cfg.device)), ParamLayout.of(model)
 
 
@@ -60,8 +60,7 @@ def train_task(
         ReplyKeys.TRAIN_LOSS: loss,
     }
     if SignalKeys.SKETCH_K in task.extra:
-        fed = federation_of(cfg)
-        sketch = sketch_for_task(model, task.extra, fed.input_shape, fed.num_classes)
+        sketch = sketch_for_task(model, task.extra, *data_shape(cfg))
         metrics[SignalKeys.SKETCH] = [float(v) for v in sketch]
         metrics[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
     metrics[ReplyKeys.COMPUTE_SECONDS] = time.perf_counter() - started

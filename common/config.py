@@ -105,6 +105,10 @@ class RunConfig(KebabModel):
     # Test-only: "kind@task,..." makes clients corrupt those tasks' replies on purpose.
     test_faults: str = ""
 
+    checkpoint_every: int = Field(20, ge=0)
+    resume_from: str = ""
+    prefetch: bool = False
+
     poll_interval: float = Field(0.02, gt=0, le=5)
     node_wait_seconds: float = Field(120.0, gt=0)
     task_ttl: float = Field(3600.0, gt=0)
@@ -161,6 +165,8 @@ def _check_consistency(cfg: RunConfig) -> None:
             f"classes-per-client ({cfg.classes_per_client}) exceeds the "
             f"{cfg.num_classes} classes of {cfg.dataset}"
         )
+    if cfg.prefetch and cfg.clock != "wall":
+        raise ValueError("prefetch queues tasks on real nodes; it needs clock=wall")
     budgets = (cfg.max_virtual_time, cfg.max_versions, cfg.target_accuracy, cfg.max_wall_seconds)
     if not any(budgets):
         raise ValueError(

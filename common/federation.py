@@ -1,13 +1,19 @@
 """The federated view of a dataset: the test set and every client's train/validation split.
 
 Both the server (test set) and the clients (their own shares) build it from the run config
-alone, so nothing but the seed has to travel. Built once per process and cached.
+alone, so nothing but the seed has to travel. Built once per process and cached; a client's
+share is also cached on disk, since a deployed SuperNode starts a fresh ClientApp process
+for every task and rebuilding the whole federation there would cost ~0.3 s a task.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import os
+import tempfile
+from dataclasses import astuple, dataclass
 from functools import cache
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -17,6 +23,8 @@ from common.data import load_dataset, normalize
 from common.partition import partition, split_validation
 
 HOLDOUT_FRACTION = 0.1
+CACHE_ENV = "FEDSTALE_CACHE_DIR"
+CACHE_FORMAT = 1
 
 
 @dataclass(frozen=True)
@@ -115,11 +123,59 @@ def as_tensors(fed: Federation, x: np.ndarray, y: np.ndarray) -> tuple[torch.Ten
     return torch.from_numpy(normalize(x, fed.dataset)), torch.from_numpy(y)
 
 
-@cache
-def _client_tensors(key: FederationKey, client: int, split: str) -> tuple[torch.Tensor, ...]:
+def cache_dir() -> Path | None:
+    """Where client shares are cached (`FEDSTALE_CACHE_DIR`, default ~/.cache/fedstale;
+    set it to an empty string to turn the cache off)."""
+    configured = os.environ.get(CACHE_ENV)
+    if configured is None:
+        return Path.home() / ".cache" / "fedstale" / "shares"
+    return Path(configured) if configured else None
+
+
+def _share_file(key: FederationKey, client: int, split: str) -> Path | None:
+    root = cache_dir()
+    if root is None:
+        return None
+    digest = hashlib.sha256(repr((CACHE_FORMAT, astuple(key))).encode()).hexdigest()[:20]
+    return root / digest / f"{split}-{client}.npz"
+
+
+def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
+            np.savez(tmp, **arrays)
+        os.replace(tmp.name, path)
+    except OSError:
+        pass  # a read-only home only costs speed
+
+
+def _share_arrays(key: FederationKey, client: int, split: str) -> dict[str, np.ndarray]:
+    """The normalised share with the dataset's shape facts, from disk when cached."""
+    path = _share_file(key, client, split)
+    if path is not None and path.is_file():
+        try:
+            with np.load(path) as stored:
+                return {name: stored[name] for name in stored.files}
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged file is rebuilt below
     fed = build_federation(key)
     idx = (fed.train_idx if split == "train" else fed.val_idx)[client]
-    return as_tensors(fed, fed.x_pool[idx], fed.y_pool[idx])
+    arrays = {
+        "x": normalize(fed.x_pool[idx], fed.dataset),
+        "y": fed.y_pool[idx],
+        "input_shape": np.array(fed.input_shape, dtype=np.int64),
+        "num_classes": np.array(fed.num_classes, dtype=np.int64),
+    }
+    if path is not None:
+        _write_atomically(path, arrays)
+    return arrays
+
+
+@cache
+def _client_tensors(key: FederationKey, client: int, split: str) -> tuple[torch.Tensor, ...]:
+    arrays = _share_arrays(key, client, split)
+    return torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
 
 
 def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torch.Tensor, ...]:
@@ -127,6 +183,17 @@ def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torc
     if not 0 <= client < cfg.num_clients:
         raise ValueError(f"client {client} outside 0..{cfg.num_clients - 1}")
     return _client_tensors(FederationKey.of(cfg), client, split)
+
+
+@cache
+def _data_shape(key: FederationKey) -> tuple[tuple[int, ...], int]:
+    arrays = _share_arrays(key, 0, "train")
+    return tuple(int(v) for v in arrays["input_shape"]), int(arrays["num_classes"])
+
+
+def data_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
+    """(input shape, number of classes) without building the federation when cached."""
+    return _data_shape(FederationKey.of(cfg))
 
 
 @cache

@@ -3,6 +3,8 @@
     fedstale check [--run-config "k=v ..."]
     fedstale run   [--run-config "k=v ..."] [--federation-config "k=v ..."] [--app DIR]
                    [--superlink NAME]
+    fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
+                   (a local SuperLink and N SuperNodes: server_app/deploy.py)
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
@@ -145,8 +147,17 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["deploy"]:
+        from server_app import deploy
+
+        try:
+            return deploy.main(argv[1:])
+        except ConfigError as err:
+            print(f"fedstale: {err}", file=sys.stderr)
+            return 2
     parser = argparse.ArgumentParser(prog="fedstale", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["check", "run"])
+    parser.add_argument("command", choices=["check", "run", "deploy"])
     parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
     parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")

@@ -88,6 +88,7 @@ class Engine:
         evaluator: Evaluator,
         recorder: Recorder,
         progress: Callable[[Engine], None] | None = None,
+        checkpointer: Callable[[Engine], None] | None = None,
     ) -> None:
         self.run = run
         self.strategy = strategy
@@ -97,6 +98,7 @@ class Engine:
         self.evaluator = evaluator
         self.recorder = recorder
         self.progress = progress
+        self.checkpointer = checkpointer
         self.clock: Clock = make_clock(run.clock)
         self.nodes = NodeBook(run.num_clients)
         self.rng = np.random.default_rng([run.seed, 0xD15])
@@ -128,13 +130,26 @@ class Engine:
         busy = self.busy
         return [c for c in self.nodes.clients if c not in busy]
 
+    def prefetch_clients(self) -> list[int]:
+        """Clients with exactly one task: with `prefetch`, each may queue one more."""
+        counts: dict[int, int] = defaultdict(int)
+        for task in self.tasks.values():
+            counts[task.client] += 1
+        return [c for c in self.nodes.clients if counts.get(c) == 1]
+
     def fill(self) -> None:
-        """Dispatch while there is room, an idle client, and the strategy allows it."""
+        """Dispatch while there is room, an idle client, and the strategy allows it; with
+        `prefetch`, then queue a second task on clients that have one."""
         while len(self.tasks) < self.run.concurrency and self.strategy.may_dispatch():
             idle = self.idle_clients()
             if not idle:
-                return
+                break
             self.dispatch(int(idle[self.rng.integers(len(idle))]))
+        while self.run.prefetch and len(self.tasks) < 2 * self.run.concurrency:
+            queued = self.prefetch_clients()
+            if not queued or not self.strategy.may_dispatch():
+                return
+            self.dispatch(int(queued[self.rng.integers(len(queued))]))
 
     def task_spec(self, client: int, task_id: int) -> TaskSpec:
         run = self.run
@@ -246,6 +261,9 @@ class Engine:
         self.counters.client_compute_seconds += update.compute_seconds
         if outcome.changed:
             self.version += 1
+            every = self.run.checkpoint_every
+            if self.checkpointer is not None and every and self.version % every == 0:
+                self.checkpointer(self)
         for record in outcome.records:
             self.recorder.update(
                 {"time": self.clock.now(), "version": self.version, **_plain(record)}

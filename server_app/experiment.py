@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,7 @@ from common.federation import federation_of, test_data
 from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.sensitivity import sketch_for_task
+from server_app import checkpoint
 from server_app.engine import Engine, Evaluator
 from server_app.progress import Progress
 from server_app.results import RunRecorder, aulc, run_name, runs_root
@@ -83,10 +86,28 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     }
 
 
+def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
+    path = recorder.dir / checkpoint.CHECKPOINT_FILE
+
+    def save(engine: Engine) -> None:
+        recorder.flush()
+        snapshot = checkpoint.snapshot(
+            engine, recorder.dir, recorder.metric_rows, recorder.update_rows
+        )
+        with engine.watch("checkpoint"):
+            checkpoint.save(snapshot, path)
+
+    return save
+
+
 def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> dict[str, Any]:
     started = time.monotonic()
     name = run_name(run)
-    recorder = RunRecorder(runs_root(run.runs_dir) / name)
+    resumed = checkpoint.load(run.resume_from) if run.resume_from else None
+    rows = None
+    if resumed is not None:
+        rows = (Path(resumed.run_dir), resumed.metric_rows, resumed.update_rows)
+    recorder = RunRecorder(runs_root(run.runs_dir) / name, resume=rows)
     recorder.write_config(
         {**run.model_dump(by_alias=True), **params.model_dump(by_alias=True), "run-name": name}
     )
@@ -103,7 +124,10 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         evaluator,
         recorder,
         Progress(run.progress_interval),
+        checkpointer(recorder),
     )
+    if resumed is not None:
+        checkpoint.restore(engine, resumed)
     log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
     if run.test_faults:
         log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)

@@ -42,11 +42,22 @@ def aulc(times: list[float], accuracies: list[float], unit: float = DAY) -> floa
 class RunRecorder:
     """Appends JSON lines as the run goes; writes the summary, model and plot at the end."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, resume: tuple[Path, int, int] | None = None) -> None:
+        """`resume`: (run folder, metric rows, update rows) of a checkpoint; those first rows
+        are kept (copied when the folder differs), later ones were never checkpointed."""
         self.dir = directory
         self.dir.mkdir(parents=True, exist_ok=True)
+        kept = {"metrics.jsonl": [], "updates.jsonl": []}
+        if resume is not None:
+            source, metric_rows, update_rows = resume
+            for name, rows in (("metrics.jsonl", metric_rows), ("updates.jsonl", update_rows)):
+                kept[name] = _first_lines(source / name, rows)
         for name in ("metrics.jsonl", "updates.jsonl", "summary.json"):
             (self.dir / name).unlink(missing_ok=True)
+        for name, lines in kept.items():
+            (self.dir / name).write_text("".join(lines), encoding="utf-8")
+        self.metric_rows = len(kept["metrics.jsonl"])
+        self.update_rows = len(kept["updates.jsonl"])
         self._metrics = (self.dir / "metrics.jsonl").open("a", encoding="utf-8")
         self._updates = (self.dir / "updates.jsonl").open("a", encoding="utf-8")
 
@@ -56,9 +67,15 @@ class RunRecorder:
     def metric(self, row: dict[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
+        self.metric_rows += 1
 
     def update(self, row: dict[str, Any]) -> None:
         self._updates.write(json.dumps(row) + "\n")
+        self.update_rows += 1
+
+    def flush(self) -> None:
+        self._metrics.flush()
+        self._updates.flush()
 
     def close(self) -> None:
         self._metrics.close()
@@ -89,3 +106,12 @@ class RunRecorder:
         fig.tight_layout()
         fig.savefig(self.dir / "accuracy.png", dpi=110)
         plt.close(fig)
+
+
+def _first_lines(path: Path, count: int) -> list[str]:
+    if count == 0:
+        return []
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
+    if len(lines) < count:
+        raise ValueError(f"{path} has {len(lines)} rows, the checkpoint counted {count}")
+    return lines[:count]

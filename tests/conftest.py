@@ -1,11 +1,16 @@
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.flower_procs import SimulationSuperLink
+
+# Client shares are cached on disk (common/federation.py); keep the tests' out of ~/.cache.
+os.environ.setdefault("FEDSTALE_CACHE_DIR", tempfile.mkdtemp(prefix="fedstale-cache-"))
 
 
 @pytest.fixture(scope="session")

@@ -2,48 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 from server_app.cli import flower_env, tool
+from server_app.deploy import free_port, stop, wait_for_port
 
 CONNECTION = "fedstale-test"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for_port(port: int, timeout: float, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"flower-superlink exited with code {process.returncode}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"nothing listens on 127.0.0.1:{port} after {timeout} s")
-
-
-def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left."""
-    if process.poll() is not None:
-        return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(5)
-    except ProcessLookupError:
-        pass
 
 
 class SimulationSuperLink:
@@ -81,7 +46,7 @@ class SimulationSuperLink:
         self.process = subprocess.Popen(
             command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
-        wait_for_port(self.port, 60.0, self.process)
+        wait_for_port(self.port, 60.0, self.process, "flower-superlink")
         return self
 
     def stop(self) -> None:

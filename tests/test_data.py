@@ -192,3 +192,26 @@ def test_latency_profiles() -> None:
     base = profile.base[2]
     assert min(draws) >= 0.8 * base and max(draws) <= 1.2 * base and len(set(draws)) > 1
     assert profile.task_latency(2, 7) == profile.task_latency(2, 7)
+
+
+def test_client_share_disk_cache_gives_the_same_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from common import federation
+
+    cfg = run_config(dataset="digits", num_clients=5)
+    monkeypatch.setenv(federation.CACHE_ENV, "")
+    fresh_x, fresh_y = federation.client_data(cfg, 3, "train")
+    federation._client_tensors.cache_clear()
+    monkeypatch.setenv(federation.CACHE_ENV, str(tmp_path))
+    written_x, written_y = federation.client_data(cfg, 3, "train")
+    assert len(list(tmp_path.glob("*/train-3.npz"))) == 1
+    federation._client_tensors.cache_clear()
+    federation.build_federation.cache_clear()
+    read_x, read_y = federation.client_data(cfg, 3, "train")
+    assert federation.build_federation.cache_info().currsize == 0  # served from disk
+    for x, y in ((written_x, written_y), (read_x, read_y)):
+        assert np.array_equal(x.numpy(), fresh_x.numpy())
+        assert np.array_equal(y.numpy(), fresh_y.numpy())
+    assert federation.data_shape(cfg) == ((1, 8, 8), 10)
+    federation._client_tensors.cache_clear()

@@ -1,0 +1,254 @@
+"""A real local deployment without docker: one `flower-superlink` and N `flower-supernode`
+processes on 127.0.0.1, the app run on them with `flwr run`, everything stopped by PID.
+
+    fedstale deploy --nodes 3 [--delays 0,1,4] [--tls] [--database PATH]
+                    [--run-config "k=v ..."] [--keep-dir DIR]
+
+Each SuperNode gets `--node-config "partition-id=i num-partitions=N delay-seconds=d"`; the
+ClientApp sleeps `delay-seconds` after training (injected latency). The run uses the wall
+clock unless `clock=virtual` is given. The same flags appear in docker/compose.yml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import ConfigError
+
+CONNECTION = "fedstale-local"
+SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+# Wall-clock defaults of a deployment; the user's --run-config wins.
+WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, process: subprocess.Popen, name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{name}: nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("a") as handle:
+        return subprocess.Popen(
+            command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The SuperLink's certificate and key, and the CA that signed them (docker/certs.sh)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> TlsFiles:
+        script = Path(__file__).resolve().parent.parent / "docker" / "certs.sh"
+        result = subprocess.run(
+            ["bash", str(script), str(folder)], capture_output=True, text=True, check=False
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"docker/certs.sh failed: {result.stderr.strip()[-500:]}")
+        return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and its SuperNodes; `home` holds FLWR_HOME, logs and state."""
+
+    home: Path
+    num_nodes: int
+    delays: list[float] = field(default_factory=list)
+    tls: TlsFiles | None = None
+    database: Path | None = None
+    task_poll_interval: float = 0.1
+    port: int = field(default_factory=free_port)
+    superlink: subprocess.Popen | None = None
+    nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
+    node_ports: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        from server_app.cli import flower_env
+
+        return flower_env(FLWR_HOME=str(self.home))
+
+    def security(self) -> list[str]:
+        return ["--insecure"] if self.tls is None else []
+
+    def superlink_command(self) -> list[str]:
+        from server_app.cli import tool
+
+        command = [tool("flower-superlink"), *self.security()]
+        if self.tls is not None:
+            command += ["--ssl-ca-certfile", str(self.tls.ca)]
+            command += ["--ssl-certfile", str(self.tls.cert), "--ssl-keyfile", str(self.tls.key)]
+        if self.database is not None:
+            command += ["--database", str(self.database)]
+        local = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [*command, "--disable-runtime-dependency-installation", *local]
+
+    def node_command(self, partition: int, insecure: bool = False) -> list[str]:
+        from server_app.cli import tool
+
+        delay = self.delays[partition % len(self.delays)] if self.delays else 0.0
+        port = self.node_ports.setdefault(partition, free_port())
+        if insecure or self.tls is None:
+            security = ["--insecure"]
+        else:
+            security = ["--root-certificates", str(self.tls.ca)]
+        return [
+            tool("flower-supernode"),
+            *security,
+            "--superlink",
+            self.address,
+            "--port",
+            str(port),
+            "--node-config",
+            f"partition-id={partition} num-partitions={self.num_nodes} delay-seconds={delay:g}",
+        ]
+
+    def write_connection(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        security = "insecure = true" if self.tls is None else f'root-certificates = "{self.tls.ca}"'
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n{security}\n'
+        )
+
+    def start(self) -> LocalDeployment:
+        self.write_connection()
+        self.superlink = spawn(self.superlink_command(), self.env, self.home / "superlink.log")
+        wait_for_port(self.port, 60.0, self.superlink, "flower-superlink")
+        for partition in range(self.num_nodes):
+            self.start_node(partition)
+        return self
+
+    def start_node(self, partition: int, insecure: bool = False) -> subprocess.Popen:
+        env = {**self.env, SUPERNODE_POLL_ENV: f"{self.task_poll_interval:g}"}
+        log = self.home / f"supernode-{partition}.log"
+        self.nodes[partition] = spawn(self.node_command(partition, insecure), env, log)
+        return self.nodes[partition]
+
+    def kill_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a SuperNode's whole process group (its ClientApps die with it)."""
+        process = self.nodes[partition]
+        os.killpg(process.pid, sig)
+        process.wait(30)
+
+    def run_app(
+        self, app: Path, overrides: dict[str, Any], timeout: float, capture: bool = True
+    ) -> subprocess.CompletedProcess:
+        """`fedstale run` against this SuperLink with the wall-clock defaults."""
+        from server_app.cli import to_flower, tool
+
+        values = {**WALL_DEFAULTS, "num-clients": self.num_nodes, **overrides}
+        command = [
+            tool("fedstale"),
+            "run",
+            "--app",
+            str(app),
+            "--superlink",
+            CONNECTION,
+            "--run-config",
+            to_flower(values),
+        ]
+        return subprocess.run(
+            command, env=self.env, capture_output=capture, text=True, timeout=timeout, check=False
+        )
+
+    def stop(self) -> None:
+        for process in self.nodes.values():
+            stop(process)
+        if self.superlink is not None:
+            stop(self.superlink)
+
+    def __enter__(self) -> LocalDeployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def parse_delays(text: str) -> list[float]:
+    try:
+        delays = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        message = f"--delays '{text}': write seconds separated by commas, e.g. 0,1,4"
+        raise ConfigError(message) from None
+    if any(d < 0 for d in delays):
+        raise ConfigError(f"--delays '{text}': delays cannot be negative")
+    return delays
+
+
+def main(argv: list[str]) -> int:
+    from server_app.cli import parse_pairs, resolve
+
+    parser = argparse.ArgumentParser(prog="fedstale deploy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3, help="SuperNodes to start (clients)")
+    parser.add_argument("--delays", default="", help="injected seconds per node, cycled")
+    parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
+    parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    parser.add_argument("--tls", action="store_true", help="TLS with certificates made here")
+    parser.add_argument("--database", type=Path, help="SuperLink state file (persistent)")
+    parser.add_argument("--keep-dir", type=Path, help="keep FLWR_HOME and logs here")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        raise ConfigError("--nodes must be at least 1")
+    app = args.app.resolve()
+    overrides = parse_pairs(args.run_config)
+    resolve(app, {**WALL_DEFAULTS, "num-clients": args.nodes, **overrides})  # fail fast
+    home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
+    home = home.resolve()
+    tls = TlsFiles.make(home / "certs") if args.tls else None
+    deployment = LocalDeployment(
+        home, args.nodes, parse_delays(args.delays), tls=tls, database=args.database
+    )
+    print(f"fedstale: deployment in {home} (SuperLink {deployment.address})", file=sys.stderr)
+    with deployment:
+        print("fedstale: " + shlex.join(deployment.superlink_command()), file=sys.stderr)
+        result = deployment.run_app(app, overrides, args.timeout, capture=False)
+    return result.returncode
