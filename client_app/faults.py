@@ -8,7 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from common.schema import ReplyKeys
+from common.schema import ReplyKeys, SignalKeys
+
+OVERSIZED_FLOATS = 4_000_000  # 16 MB of padding beside the model's arrays
 
 
 def corrupt(
@@ -31,4 +33,10 @@ def corrupt(
         del metrics[ReplyKeys.NUM_EXAMPLES]
     elif kind == "bad-metric":
         metrics[ReplyKeys.NUM_EXAMPLES] = -5
+    elif kind == "mistyped-metric":
+        metrics[ReplyKeys.NUM_EXAMPLES] = float(metrics[ReplyKeys.NUM_EXAMPLES]) + 0.5
+    elif kind == "sketch-length":
+        metrics[SignalKeys.SKETCH] = list(metrics.get(SignalKeys.SKETCH, [0.0, 0.0]))[:-1]
+    elif kind == "oversized":
+        arrays["padding"] = np.ones(OVERSIZED_FLOATS, dtype=np.float32)
     return metrics, arrays

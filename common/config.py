@@ -132,7 +132,19 @@ class RunConfig(KebabModel):
         return NUM_CLASSES[self.dataset]
 
 
-FAULT_KINDS = ("nan", "inf", "shape", "dtype", "unknown-task", "replay", "no-metric", "bad-metric")
+FAULT_KINDS = (
+    "nan",
+    "inf",
+    "shape",
+    "dtype",
+    "unknown-task",
+    "replay",
+    "no-metric",
+    "bad-metric",
+    "mistyped-metric",
+    "sketch-length",
+    "oversized",
+)
 
 
 def parse_faults(text: str) -> dict[int, str]:

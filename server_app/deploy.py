@@ -71,6 +71,28 @@ def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
         )
 
 
+def descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below `root`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            commands[int(entry.name)] = command.decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append((pid, commands.get(pid, "")))
+        stack.extend(children.get(pid, []))
+    return found
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """The SuperLink's certificate and key, and the CA that signed them (docker/certs.sh)."""
@@ -178,26 +200,34 @@ class LocalDeployment:
         os.killpg(process.pid, sig)
         process.wait(30)
 
+    def app_command(self, app: Path, overrides: dict[str, Any]) -> list[str]:
+        """`fedstale run` against this SuperLink, with the wall-clock defaults."""
+        from server_app.cli import to_flower, tool
+
+        run_config = ["--run-config", to_flower(deployment_config(self.num_nodes, overrides))]
+        return [tool("fedstale"), "run", "--app", str(app), "--superlink", CONNECTION, *run_config]
+
     def run_app(
         self, app: Path, overrides: dict[str, Any], timeout: float, capture: bool = True
     ) -> subprocess.CompletedProcess:
-        """`fedstale run` against this SuperLink with the wall-clock defaults."""
-        from server_app.cli import to_flower, tool
-
-        values = {**WALL_DEFAULTS, "num-clients": self.num_nodes, **overrides}
-        command = [
-            tool("fedstale"),
-            "run",
-            "--app",
-            str(app),
-            "--superlink",
-            CONNECTION,
-            "--run-config",
-            to_flower(values),
-        ]
         return subprocess.run(
-            command, env=self.env, capture_output=capture, text=True, timeout=timeout, check=False
+            self.app_command(app, overrides),
+            env=self.env,
+            capture_output=capture,
+            text=True,
+            timeout=timeout,
+            check=False,
         )
+
+    def launch_app(self, app: Path, overrides: dict[str, Any], log: Path) -> subprocess.Popen:
+        """The same in the background, its output to `log` (tests watch it)."""
+        return spawn(self.app_command(app, overrides), self.env, log)
+
+    def serverapp_pids(self) -> list[int]:
+        """`flwr-serverapp` processes started under this SuperLink (to crash one on purpose)."""
+        if self.superlink is None:
+            return []
+        return [pid for pid, cmd in descendants(self.superlink.pid) if "flwr-serverapp" in cmd]
 
     def stop(self) -> None:
         for process in self.nodes.values():
@@ -210,6 +240,11 @@ class LocalDeployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def deployment_config(num_nodes: int, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The wall-clock defaults, one client per node all training at once, then the user's."""
+    return {**WALL_DEFAULTS, "num-clients": num_nodes, "concurrency": num_nodes, **overrides}
 
 
 def parse_delays(text: str) -> list[float]:
@@ -240,7 +275,7 @@ def main(argv: list[str]) -> int:
         raise ConfigError("--nodes must be at least 1")
     app = args.app.resolve()
     overrides = parse_pairs(args.run_config)
-    resolve(app, {**WALL_DEFAULTS, "num-clients": args.nodes, **overrides})  # fail fast
+    resolve(app, deployment_config(args.nodes, overrides))  # fail fast, before any process
     home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
     home = home.resolve()
     tls = TlsFiles.make(home / "certs") if args.tls else None

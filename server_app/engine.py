@@ -23,7 +23,7 @@ from common.schema import MSG_TRAIN, InvalidReply, TaskSpec, check_arrays, parse
 from common.seeding import task_seed
 from server_app.clock import Clock, Task, make_clock
 from server_app.nodes import NodeBook
-from server_app.transport import Reply, Transport
+from server_app.transport import Reply, SendRefused, Transport
 from strategies.base import Strategy, Update
 
 log = logging.getLogger("fedstale")
@@ -171,10 +171,17 @@ class Engine:
 
     def _dispatch(self, client: int) -> None:
         task_id, node = self.next_task_id, self.nodes.node_of[client]
-        self.next_task_id += 1
         spec = self.task_spec(client, task_id)
         arrays = self.layout.unflatten(self.strategy.model_for(client))
-        msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), arrays)
+        try:
+            msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), arrays)
+        except SendRefused as err:
+            log.warning(
+                "node %d (client %d) left: %s; it gets no work until it returns", node, client, err
+            )
+            self.nodes.forget(node)
+            return
+        self.next_task_id += 1
         latency = self.latency.task_latency(client, task_id)
         self.tasks[task_id] = self.history[task_id] = Task(
             task_id=task_id,

@@ -42,6 +42,13 @@ class NodeBook:
             self.queries[transport.send(node, MSG_QUERY, {})] = node
         return lost
 
+    def forget(self, node: int) -> None:
+        """Drop a node the SuperLink no longer accepts messages for; a later refresh
+        registers it again if it is still listed online."""
+        client = self.client_of.pop(node, None)
+        if client is not None and self.node_of.get(client) == node:
+            del self.node_of[client]
+
     def collect(self, transport: Transport) -> None:
         if self.queries:
             for reply in transport.receive(list(self.queries)):

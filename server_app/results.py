@@ -71,6 +71,7 @@ class RunRecorder:
 
     def update(self, row: dict[str, Any]) -> None:
         self._updates.write(json.dumps(row) + "\n")
+        self._updates.flush()  # followers (tail -f, tests) see every row as it is made
         self.update_rows += 1
 
     def flush(self) -> None:

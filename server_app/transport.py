@@ -35,6 +35,10 @@ class Reply:
     invalid: str = ""
 
 
+class SendRefused(RuntimeError):
+    """The SuperLink did not accept a message (its node has just left)."""
+
+
 class Transport(Protocol):
     def node_ids(self) -> list[int]: ...
 
@@ -95,7 +99,7 @@ class GridTransport:
         )
         ids = list(self.grid.push_messages([message]))
         if not ids or not ids[0]:
-            raise RuntimeError(f"the SuperLink refused a {message_type} message to node {node_id}")
+            raise SendRefused(f"the SuperLink refused a {message_type} message to node {node_id}")
         return str(ids[0])
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:

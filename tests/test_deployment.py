@@ -1,0 +1,177 @@
+"""A real local deployment: `flower-superlink` and `flower-supernode` processes on
+127.0.0.1 (server_app/deploy.py), wall clock, every process stopped by PID."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from server_app.deploy import LocalDeployment, TlsFiles, stop
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = {"dataset": "digits", "lr": 0.1, "buffer-size": 2, "eval-interval": 15.0}
+RUN_TIMEOUT = 300.0
+
+
+@pytest.fixture
+def deployment(tmp_path: Path) -> Iterator[LocalDeployment]:
+    dep = LocalDeployment(tmp_path / "home", 3)
+    try:
+        yield dep.start()
+    finally:
+        dep.stop()
+
+
+def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.5)
+
+
+def rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT) -> int:
+    try:
+        return process.wait(timeout)
+    finally:
+        stop(process)
+
+
+def test_run_survives_killed_nodes_and_restarted_ones_get_work(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    runs, log = tmp_path / "runs", tmp_path / "run.log"
+    config = {**SMALL, "max-virtual-time": 110.0, "runs-dir": str(runs), "run-name": "faults"}
+    process = deployment.launch_app(ROOT, config, log)
+    updates = runs / "faults" / "updates.jsonl"
+    try:
+        wait_until(lambda: len(rows(updates)) >= 2, 120, "the first aggregation")
+        deployment.kill_node(1, signal.SIGTERM)
+        deployment.kill_node(2, signal.SIGKILL)
+        time.sleep(2)
+        deployment.start_node(1)
+        deployment.start_node(2)
+        assert finish(process) == 0, log.read_text()[-3000:]
+    finally:
+        stop(process)
+    output = log.read_text()
+    summary = json.loads((runs / "faults" / "summary.json").read_text())
+    lost = {
+        int(client): int(task)
+        for task, client in re.findall(r"task (\d+) lost: node \d+ \(client (\d+)\)", output)
+    }
+    assert {1, 2} <= set(lost), output[-3000:]
+    handled = rows(updates)
+    tasks = [row["task"] for row in handled]
+    assert len(tasks) == len(set(tasks))  # no update counted twice
+    assert not set(lost.values()) & set(tasks)  # no lost task counted
+    assert 0 <= summary["updates_accepted"] - len(handled) < 2  # the rest sit in the buffer
+    for client in (1, 2):  # the restarted nodes got work after their old task was lost
+        assert any(r["client"] == client and r["task"] > lost[client] for r in handled), client
+    assert summary["stop_reason"] == "time budget"
+
+
+BAD_INPUT = {
+    3: ("nan", "NaN or Inf"),
+    4: ("inf", "NaN or Inf"),
+    5: ("shape", "shape"),
+    6: ("dtype", "dtype float64"),
+    7: ("no-metric", "'num-examples' missing"),
+    8: ("mistyped-metric", "'num-examples' is float"),
+    9: ("bad-metric", "'num-examples' = -5"),
+    10: ("sketch-length", "should be 16 floats, got 15"),
+    11: ("unknown-task", "unknown task 1000000000"),
+    12: ("replay", "task 11"),
+    13: ("oversized", "unexpected ['padding']"),
+}
+
+
+def test_bad_input_over_the_network_is_rejected_and_the_run_goes_on(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    faults = ",".join(f"{kind}@{task}" for task, (kind, _) in BAD_INPUT.items())
+    config = {
+        **SMALL,
+        "strategy": "fedpsa",
+        "max-versions": 5,
+        "test-faults": faults,
+        "runs-dir": str(tmp_path / "runs"),
+        "run-name": "bad",
+    }
+    result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    rejected = [line for line in output.splitlines() if "rejected update" in line]
+    for task, (kind, reason) in BAD_INPUT.items():
+        hits = [line for line in rejected if f"task {task} " in line and reason in line]
+        assert len(hits) == 1, (kind, reason, rejected)
+        assert re.search(r"node \d+, task", hits[0])
+    summary = json.loads((tmp_path / "runs" / "bad" / "summary.json").read_text())
+    assert summary["updates_rejected"] == len(BAD_INPUT)
+    assert summary["versions"] == 5
+    handled = {row["task"] for row in rows(tmp_path / "runs" / "bad" / "updates.jsonl")}
+    assert handled.isdisjoint(BAD_INPUT)
+
+
+def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
+    deployment: LocalDeployment, tmp_path: Path
+) -> None:
+    runs = tmp_path / "runs"
+    config = {**SMALL, "max-versions": 8, "checkpoint-every": 2, "runs-dir": str(runs)}
+    log = tmp_path / "first.log"
+    first = deployment.launch_app(ROOT, {**config, "run-name": "crash"}, log)
+    checkpoint = runs / "crash" / "checkpoint.pkl"
+    try:
+        wait_until(checkpoint.exists, 180, "the first checkpoint")
+        pids = deployment.serverapp_pids()
+        assert pids, "no flwr-serverapp process found"
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+    finally:
+        stop(first, grace=5)
+    assert not (runs / "crash" / "summary.json").exists()
+
+    resumed = {**config, "run-name": "crash", "resume-from": str(runs / "crash")}
+    result = deployment.run_app(ROOT, resumed, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout + result.stderr
+    summary = json.loads((runs / "crash" / "summary.json").read_text())
+    assert summary["versions"] == 8
+    versions = [row["version"] for row in rows(runs / "crash" / "metrics.jsonl")]
+    assert versions == sorted(versions) and versions[0] == 0
+
+
+def test_tls_run_completes_and_an_insecure_node_is_refused(tmp_path: Path) -> None:
+    tls = TlsFiles.make(tmp_path / "certs")
+    deployment = LocalDeployment(tmp_path / "home", 2, tls=tls)
+    try:
+        deployment.start()
+        intruder = subprocess.Popen(
+            [*deployment.node_command(5, insecure=True), "--max-retries", "1"],
+            env=deployment.env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+        )
+        config = {**SMALL, "max-versions": 2, "runs-dir": str(tmp_path / "runs"), "run-name": "t"}
+        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "all 2 clients connected" in result.stdout + result.stderr
+        assert intruder.wait(60) != 0  # it never got a connection
+        assert "SuperNode ID" not in (intruder.stdout.read() if intruder.stdout else "")
+    finally:
+        deployment.stop()
