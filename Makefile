@@ -8,7 +8,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 # Flower's processes start each other from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup data demo test lint bench clean
+.PHONY: setup data tools demo test lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -27,10 +27,18 @@ data:
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; }; \
 	fi
 
+# openssl (TLS certificates) and ssh-keygen (SuperNode keys) for the deployment tests.
+tools:
+	@if ! { command -v openssl && command -v ssh-keygen; } >/dev/null && command -v apt-get >/dev/null; then \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get install -y -qq openssl openssh-client >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openssl openssh-client; }; \
+	fi
+
 demo: setup data
 	$(BIN)/fedstale run $(if $(RUN_CONFIG),--run-config "$(RUN_CONFIG)")
 
-test: setup data
+test: setup data tools
 	$(BIN)/python -m pytest -q
 
 lint: setup

@@ -93,6 +93,20 @@ def descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
+def run_script(name: str, *args: str) -> None:
+    script = Path(__file__).resolve().parent.parent / "docker" / name
+    result = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"docker/{name} failed: {result.stderr.strip()[-500:]}")
+
+
+def make_keys(folder: Path, count: int) -> None:
+    """ECDSA P-384 key pairs supernode-<i>(.pub) for SuperNode authentication."""
+    run_script("keys.sh", str(folder), str(count))
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """The SuperLink's certificate and key, and the CA that signed them (docker/certs.sh)."""
@@ -103,12 +117,7 @@ class TlsFiles:
 
     @classmethod
     def make(cls, folder: Path) -> TlsFiles:
-        script = Path(__file__).resolve().parent.parent / "docker" / "certs.sh"
-        result = subprocess.run(
-            ["bash", str(script), str(folder)], capture_output=True, text=True, check=False
-        )
-        if result.returncode != 0:
-            raise RuntimeError(f"docker/certs.sh failed: {result.stderr.strip()[-500:]}")
+        run_script("certs.sh", str(folder))
         return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
 
 
@@ -121,6 +130,7 @@ class LocalDeployment:
     delays: list[float] = field(default_factory=list)
     tls: TlsFiles | None = None
     database: Path | None = None
+    auth_keys: Path | None = None  # a folder of supernode-<i> keys: SuperNode authentication
     task_poll_interval: float = 0.1
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
@@ -149,6 +159,8 @@ class LocalDeployment:
             command += ["--ssl-certfile", str(self.tls.cert), "--ssl-keyfile", str(self.tls.key)]
         if self.database is not None:
             command += ["--database", str(self.database)]
+        if self.auth_keys is not None:
+            command += ["--enable-supernode-auth"]
         local = ["--host", "127.0.0.1", "--port", str(self.port)]
         return [*command, "--disable-runtime-dependency-installation", *local]
 
@@ -161,6 +173,8 @@ class LocalDeployment:
             security = ["--insecure"]
         else:
             security = ["--root-certificates", str(self.tls.ca)]
+        if self.auth_keys is not None:
+            security += ["--auth-supernode-private-key", str(self.key_of(partition))]
         return [
             tool("flower-supernode"),
             *security,
@@ -180,11 +194,29 @@ class LocalDeployment:
             f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n{security}\n'
         )
 
+    def key_of(self, partition: int) -> Path:
+        assert self.auth_keys is not None
+        return self.auth_keys / f"supernode-{partition}"
+
+    def register(self, partition: int) -> None:
+        """`flwr supernode register` the node's public key with the SuperLink."""
+        from server_app.cli import tool
+
+        public_key = f"{self.key_of(partition)}.pub"
+        command = [tool("flwr"), "supernode", "register", public_key, CONNECTION]
+        result = subprocess.run(command, env=self.env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"registering {public_key} failed: {result.stdout[-500:]}")
+
     def start(self) -> LocalDeployment:
         self.write_connection()
         self.superlink = spawn(self.superlink_command(), self.env, self.home / "superlink.log")
         wait_for_port(self.port, 60.0, self.superlink, "flower-superlink")
+        if self.auth_keys is not None:
+            make_keys(self.auth_keys, self.num_nodes)
         for partition in range(self.num_nodes):
+            if self.auth_keys is not None:
+                self.register(partition)
             self.start_node(partition)
         return self
 
@@ -268,6 +300,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
     parser.add_argument("--tls", action="store_true", help="TLS with certificates made here")
     parser.add_argument("--database", type=Path, help="SuperLink state file (persistent)")
+    parser.add_argument(
+        "--auth", action="store_true", help="SuperNode authentication (needs --tls)"
+    )
     parser.add_argument("--keep-dir", type=Path, help="keep FLWR_HOME and logs here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
     args = parser.parse_args(argv)
@@ -278,9 +313,16 @@ def main(argv: list[str]) -> int:
     resolve(app, deployment_config(args.nodes, overrides))  # fail fast, before any process
     home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
     home = home.resolve()
+    if args.auth and not args.tls:
+        raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
     tls = TlsFiles.make(home / "certs") if args.tls else None
     deployment = LocalDeployment(
-        home, args.nodes, parse_delays(args.delays), tls=tls, database=args.database
+        home,
+        args.nodes,
+        parse_delays(args.delays),
+        tls=tls,
+        database=args.database,
+        auth_keys=home / "keys" if args.auth else None,
     )
     print(f"fedstale: deployment in {home} (SuperLink {deployment.address})", file=sys.stderr)
     with deployment:

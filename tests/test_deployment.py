@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from server_app.deploy import LocalDeployment, TlsFiles, stop
+from server_app.deploy import LocalDeployment, TlsFiles, make_keys, stop
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -154,24 +154,40 @@ def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
     assert versions == sorted(versions) and versions[0] == 0
 
 
-def test_tls_run_completes_and_an_insecure_node_is_refused(tmp_path: Path) -> None:
+def intruder(deployment: LocalDeployment, partition: int, insecure: bool) -> subprocess.Popen:
+    command = [*deployment.node_command(partition, insecure=insecure), "--max-retries", "1"]
+    return subprocess.Popen(
+        command,
+        env=deployment.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+
+
+def test_tls_and_node_auth_run_completes_and_intruders_are_refused(tmp_path: Path) -> None:
     tls = TlsFiles.make(tmp_path / "certs")
-    deployment = LocalDeployment(tmp_path / "home", 2, tls=tls)
+    keys = tmp_path / "keys"
+    deployment = LocalDeployment(tmp_path / "home", 2, tls=tls, auth_keys=keys)
+    intruders: list[subprocess.Popen] = []
     try:
         deployment.start()
-        intruder = subprocess.Popen(
-            [*deployment.node_command(5, insecure=True), "--max-retries", "1"],
-            env=deployment.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+        make_keys(tmp_path / "spare", 1)  # a well-formed key the SuperLink never registered
+        for suffix in ("", ".pub"):
+            (tmp_path / "spare" / f"supernode-0{suffix}").rename(keys / f"supernode-5{suffix}")
+        intruders = [intruder(deployment, 5, insecure=True), intruder(deployment, 5, False)]
         config = {**SMALL, "max-versions": 2, "runs-dir": str(tmp_path / "runs"), "run-name": "t"}
         result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
         assert result.returncode == 0, result.stderr[-3000:]
         assert "all 2 clients connected" in result.stdout + result.stderr
-        assert intruder.wait(60) != 0  # it never got a connection
-        assert "SuperNode ID" not in (intruder.stdout.read() if intruder.stdout else "")
+        insecure, unregistered = intruders
+        output = insecure.communicate(timeout=90)[0]
+        assert insecure.returncode != 0 and "SuperNode ID" not in output, output[-2000:]
+        stop(unregistered)  # it keeps asking to be let in; it never was
+        output = unregistered.communicate(timeout=30)[0]
+        assert "SuperNode ID" not in output, output[-2000:]
     finally:
+        for process in intruders:
+            stop(process)
         deployment.stop()

@@ -1,0 +1,71 @@
+"""The docker files: compose parses, every flag is one Flower 1.41's own parsers accept and
+one the launcher's real processes (server_app/deploy.py) also use. Docker does not run here."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
+from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
+
+from server_app.deploy import LocalDeployment, TlsFiles
+
+DOCKER = Path(__file__).resolve().parent.parent / "docker"
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((DOCKER / name).read_text())
+
+
+def merged() -> dict[str, dict]:
+    """compose.yml with compose.tls.yml over it (commands replaced, as compose does)."""
+    base, tls = load("compose.yml")["services"], load("compose.tls.yml")["services"]
+    return {name: {**base[name], **tls.get(name, {})} for name in base}
+
+
+def flags(command: list[str]) -> set[str]:
+    return {part for part in command if part.startswith("--")}
+
+
+def launcher(tmp_path: Path, secure: bool) -> LocalDeployment:
+    tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "s.pem", tmp_path / "s.key") if secure else None
+    keys = tmp_path / "keys" if secure else None
+    return LocalDeployment(tmp_path, 3, tls=tls, database=tmp_path / "db", auth_keys=keys)
+
+
+@pytest.mark.parametrize("secure", [False, True])
+def test_compose_flags_are_flowers_and_the_launchers(tmp_path: Path, secure: bool) -> None:
+    services = merged() if secure else load("compose.yml")["services"]
+    deployment = launcher(tmp_path, secure)
+    superlink = services["superlink"]["command"]
+    _parse_args_run_superlink().parse_args(superlink)  # exits on an unknown flag
+    assert flags(superlink) == flags(deployment.superlink_command()[1:])
+    nodes = sorted(name for name in services if name.startswith("supernode-"))
+    assert len(nodes) == 3
+    for index, name in enumerate(nodes):
+        command = services[name]["command"]
+        args = _parse_args_run_supernode().parse_args(command)
+        assert flags(command) == flags(deployment.node_command(index)[1:])
+        assert args.superlink == "superlink:8000"
+        assert re.fullmatch(
+            rf"partition-id={index} num-partitions=3 delay-seconds=[\d.]+", args.node_config
+        )
+        assert services[name]["build"]["target"] == "supernode"
+    assert services["superlink"]["build"]["target"] == "superlink"
+
+
+def test_dockerfile_targets_and_state_volume() -> None:
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    for target in ("superlink", "supernode"):
+        assert re.search(
+            rf"^FROM flwr/{target}:\$\{{FLWR_VERSION\}} AS {target}$", dockerfile, re.M
+        )
+    assert "ARG FLWR_VERSION=1.41.0" in dockerfile
+    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in dockerfile
+    compose = load("compose.yml")
+    assert "superlink-state" in compose["volumes"]
+    assert "superlink-state:/app/state" in compose["services"]["superlink"]["volumes"]
+    assert "/app/state/state.db" in compose["services"]["superlink"]["command"]
