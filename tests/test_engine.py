@@ -11,7 +11,9 @@ import pytest
 
 from common.latency import profile_for
 from common.models import ParamLayout
+from common.schema import MSG_TRAIN
 from server_app.engine import Engine, EngineError
+from server_app.transport import SendRefused
 from strategies.base import NoParams, Outcome, Strategy, Update, update_record
 from strategies.fedavg import FedAvg
 from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
@@ -239,3 +241,54 @@ def test_node_joining_mid_run_gets_work() -> None:
     engine.last_refresh = float("-inf")
     engine.run_loop()
     assert late_client in {u.client for u in engine.strategy.seen}  # type: ignore[attr-defined]
+
+
+class RefusingOnce(ScriptedTransport):
+    """The SuperLink refuses the first train push to one node (it has just left), then that
+    node is gone from the node list."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refused_node: int | None = None
+
+    def send(self, node_id, message_type, config, arrays=None) -> str:  # type: ignore[no-untyped-def]
+        if message_type == MSG_TRAIN and self.refused_node is None:
+            self.refused_node = node_id
+            del self.nodes[node_id]
+            raise SendRefused(f"the SuperLink refused a train message to node {node_id}")
+        return super().send(node_id, message_type, config, arrays)
+
+
+def test_refused_push_drops_the_node_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
+    transport = RefusingOnce(6, delta_reply, seed=9)
+    engine = make_engine(transport)
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    assert transport.refused_node is not None
+    assert transport.refused_node not in {node for node, _, _ in transport.sent[6:]}
+    assert engine.counters.accepted > 5 and engine.counters.failed == 0
+    assert engine.counters.dispatched == engine.next_task_id  # no task id spent on the refusal
+    assert any("gets no work until it returns" in r.getMessage() for r in caplog.records)
+
+
+def test_prefetch_queues_at_most_one_extra_task_per_client() -> None:
+    engine = make_engine(
+        ScriptedTransport(6, delta_reply, seed=10),
+        clock="wall",
+        prefetch=True,
+        **{"max-virtual-time": 0.0, "max-versions": 40},
+    )
+    original_dispatch = engine.dispatch
+    most = 0
+
+    def checked_dispatch(client: int) -> None:
+        nonlocal most
+        original_dispatch(client)
+        per_client = [t.client for t in engine.tasks.values()]
+        assert max(per_client.count(c) for c in per_client) <= 2
+        most = max(most, len(engine.tasks))
+
+    engine.dispatch = checked_dispatch  # type: ignore[method-assign]
+    engine.run_loop()
+    assert most == 2 * engine.run.concurrency
+    assert engine.version >= 40
