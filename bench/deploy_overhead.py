@@ -26,6 +26,7 @@ from pathlib import Path
 
 from server_app.cli import to_flower, tool
 from server_app.deploy import CONNECTION, LocalDeployment
+from server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = {"dataset": "digits", "buffer-size": 1, "max-virtual-time": 0.0, "eval-interval": 1e6}
@@ -51,7 +52,7 @@ def fedstale_cycles(
     if result.returncode != 0 or not summary_file.is_file():
         raise RuntimeError(f"the fedstale run failed:\n{result.stderr[-2000:]}")
     summary = json.loads(summary_file.read_text())
-    rows = [json.loads(line) for line in (work / name / "updates.jsonl").read_text().splitlines()]
+    rows = read_jsonl(work / name / "updates.jsonl")
     times = [row["time"] for row in rows]
     cycles = [b - a for a, b in itertools.pairwise(times)][1:]
     compute = summary["client_compute_seconds"] / summary["updates_accepted"]

@@ -141,6 +141,7 @@ def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
     """One run in this (worker) process; returns its summary and accuracy curve."""
     from server_app.experiment import run_experiment
     from server_app.inprocess import InProcessTransport
+    from server_app.results import read_jsonl
     from strategies.registry import load_config
 
     values = {
@@ -154,7 +155,7 @@ def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
     }
     run, params = load_config(values)
     summary = run_experiment(run, params, InProcessTransport(run))
-    rows = [json.loads(line) for line in (Path(runs_dir) / job.name / "metrics.jsonl").open()]
+    rows = read_jsonl(Path(runs_dir) / job.name / "metrics.jsonl")
     curve = [(row["virtual_time"], row["accuracy"]) for row in rows]
     return {"name": job.name, **job.labels, "summary": summary, "curve": curve}
 

@@ -12,11 +12,11 @@ reports 3.3x less time to a target accuracy. Prints the two times and their rati
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
 from server_app.deploy import LocalDeployment, parse_delays
+from server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = {"dataset": "digits", "lr": 0.05, "local-epochs": 1, "eval-interval": 5.0}
@@ -35,7 +35,7 @@ def curve(deployment: LocalDeployment, work: Path, strategy: str, seconds: float
     metrics = work / strategy / "metrics.jsonl"
     if result.returncode != 0 or not metrics.is_file():
         raise RuntimeError(f"the {strategy} run failed:\n{result.stderr[-2000:]}")
-    return [json.loads(line) for line in metrics.read_text().splitlines()]
+    return read_jsonl(metrics)
 
 
 def time_to(rows: list[dict], accuracy: float) -> float | None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import tempfile
 from dataclasses import astuple, dataclass
 from functools import cache
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 
 from common.config import RunConfig
 from common.data import load_dataset, normalize
+from common.files import write_atomically
 from common.partition import partition, split_validation
 
 HOLDOUT_FRACTION = 0.1
@@ -140,23 +140,28 @@ def _share_file(key: FederationKey, client: int, split: str) -> Path | None:
     return root / digest / f"{split}-{client}.npz"
 
 
-def _write_atomically(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
-            np.savez(tmp, **arrays)
-        os.replace(tmp.name, path)
+        write_atomically(path, lambda handle: np.savez(handle, **arrays))
     except OSError:
         pass  # a read-only home only costs speed
 
 
-def _share_arrays(key: FederationKey, client: int, split: str) -> dict[str, np.ndarray]:
-    """The normalised share with the dataset's shape facts, from disk when cached."""
+SHARE = ("x", "y", "input_shape", "num_classes")
+SHAPE = ("input_shape", "num_classes")
+
+
+def _share_arrays(
+    key: FederationKey, client: int, split: str, names: tuple[str, ...] = SHARE
+) -> dict[str, np.ndarray]:
+    """`names` of the normalised share with the dataset's shape facts, from disk when
+    cached (an .npz member is read only when asked for)."""
     path = _share_file(key, client, split)
     if path is not None and path.is_file():
         try:
             with np.load(path) as stored:
-                return {name: stored[name] for name in stored.files}
+                return {name: stored[name] for name in names}
         except (OSError, ValueError, KeyError):
             pass  # a damaged file is rebuilt below
     fed = build_federation(key)
@@ -168,7 +173,7 @@ def _share_arrays(key: FederationKey, client: int, split: str) -> dict[str, np.n
         "num_classes": np.array(fed.num_classes, dtype=np.int64),
     }
     if path is not None:
-        _write_atomically(path, arrays)
+        _store(path, arrays)
     return arrays
 
 
@@ -187,7 +192,7 @@ def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torc
 
 @cache
 def _data_shape(key: FederationKey) -> tuple[tuple[int, ...], int]:
-    arrays = _share_arrays(key, 0, "train")
+    arrays = _share_arrays(key, 0, "train", SHAPE)
     return tuple(int(v) for v in arrays["input_shape"]), int(arrays["num_classes"])
 
 

@@ -9,19 +9,16 @@ their replies can never arrive, so the resumed run treats them as lost and dispa
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from common.config import ConfigError
+from common.files import write_atomically
 from server_app.clock import VirtualClock, WallClock
-
-if TYPE_CHECKING:
-    from server_app.engine import Engine
+from server_app.engine import Counters, Engine, Evaluation
 
 log = logging.getLogger("fedstale")
 CHECKPOINT_FILE = "checkpoint.pkl"
@@ -77,9 +74,7 @@ def snapshot(engine: Engine, run_dir: Path, metric_rows: int, update_rows: int) 
 
 def save(checkpoint: Checkpoint, path: Path) -> None:
     """Write atomically: a crash while writing leaves the previous checkpoint intact."""
-    with tempfile.NamedTemporaryFile(dir=path.parent, suffix=".tmp", delete=False) as tmp:
-        pickle.dump(checkpoint, tmp, protocol=pickle.HIGHEST_PROTOCOL)
-    os.replace(tmp.name, path)
+    write_atomically(path, lambda handle: pickle.dump(checkpoint, handle, pickle.HIGHEST_PROTOCOL))
 
 
 def load(location: str) -> Checkpoint:
@@ -103,8 +98,6 @@ def load(location: str) -> Checkpoint:
 
 def restore(engine: Engine, checkpoint: Checkpoint) -> None:
     """Put the engine and its strategy where the checkpoint left them."""
-    from server_app.engine import Counters, Evaluation
-
     if checkpoint.strategy != engine.run.strategy:
         raise ConfigError(
             f"resume-from: the checkpoint is of strategy '{checkpoint.strategy}', this run is "

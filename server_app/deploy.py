@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
+from server_app.cli import flower_env, parse_pairs, resolve, to_flower, tool
 
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
@@ -131,6 +132,7 @@ class LocalDeployment:
     tls: TlsFiles | None = None
     database: Path | None = None
     auth_keys: Path | None = None  # a folder of supernode-<i> keys: SuperNode authentication
+    simulation: bool = False  # a simulation SuperLink: Flower runs the ClientApps itself
     task_poll_interval: float = 0.1
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
@@ -143,16 +145,12 @@ class LocalDeployment:
 
     @property
     def env(self) -> dict[str, str]:
-        from server_app.cli import flower_env
-
         return flower_env(FLWR_HOME=str(self.home))
 
     def security(self) -> list[str]:
         return ["--insecure"] if self.tls is None else []
 
     def superlink_command(self) -> list[str]:
-        from server_app.cli import tool
-
         command = [tool("flower-superlink"), *self.security()]
         if self.tls is not None:
             command += ["--ssl-ca-certfile", str(self.tls.ca)]
@@ -161,12 +159,12 @@ class LocalDeployment:
             command += ["--database", str(self.database)]
         if self.auth_keys is not None:
             command += ["--enable-supernode-auth"]
+        if self.simulation:
+            command += ["--simulation"]
         local = ["--host", "127.0.0.1", "--port", str(self.port)]
         return [*command, "--disable-runtime-dependency-installation", *local]
 
     def node_command(self, partition: int, insecure: bool = False) -> list[str]:
-        from server_app.cli import tool
-
         delay = self.delays[partition % len(self.delays)] if self.delays else 0.0
         port = self.node_ports.setdefault(partition, free_port())
         if insecure or self.tls is None:
@@ -200,8 +198,6 @@ class LocalDeployment:
 
     def register(self, partition: int) -> None:
         """`flwr supernode register` the node's public key with the SuperLink."""
-        from server_app.cli import tool
-
         public_key = f"{self.key_of(partition)}.pub"
         command = [tool("flwr"), "supernode", "register", public_key, CONNECTION]
         result = subprocess.run(command, env=self.env, capture_output=True, text=True, check=False)
@@ -234,8 +230,6 @@ class LocalDeployment:
 
     def app_command(self, app: Path, overrides: dict[str, Any]) -> list[str]:
         """`fedstale run` against this SuperLink, with the wall-clock defaults."""
-        from server_app.cli import to_flower, tool
-
         run_config = ["--run-config", to_flower(deployment_config(self.num_nodes, overrides))]
         return [tool("fedstale"), "run", "--app", str(app), "--superlink", CONNECTION, *run_config]
 
@@ -291,8 +285,6 @@ def parse_delays(text: str) -> list[float]:
 
 
 def main(argv: list[str]) -> int:
-    from server_app.cli import parse_pairs, resolve
-
     parser = argparse.ArgumentParser(prog="fedstale deploy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes to start (clients)")
     parser.add_argument("--delays", default="", help="injected seconds per node, cycled")

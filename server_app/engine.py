@@ -138,18 +138,23 @@ class Engine:
         return [c for c in self.nodes.clients if counts.get(c) == 1]
 
     def fill(self) -> None:
-        """Dispatch while there is room, an idle client, and the strategy allows it; with
-        `prefetch`, then queue a second task on clients that have one."""
-        while len(self.tasks) < self.run.concurrency and self.strategy.may_dispatch():
-            idle = self.idle_clients()
-            if not idle:
-                break
-            self.dispatch(int(idle[self.rng.integers(len(idle))]))
-        while self.run.prefetch and len(self.tasks) < 2 * self.run.concurrency:
-            queued = self.prefetch_clients()
-            if not queued or not self.strategy.may_dispatch():
+        """Dispatch while the strategy allows it and a client can take a task."""
+        while self.strategy.may_dispatch():
+            candidates = self.dispatch_candidates()
+            if not candidates:
                 return
-            self.dispatch(int(queued[self.rng.integers(len(queued))]))
+            self.dispatch(int(candidates[self.rng.integers(len(candidates))]))
+
+    def dispatch_candidates(self) -> list[int]:
+        """Idle clients while fewer than `concurrency` tasks run; then, with `prefetch`,
+        clients that may queue a second task, up to twice `concurrency`."""
+        if len(self.tasks) < self.run.concurrency:
+            idle = self.idle_clients()
+            if idle:
+                return idle
+        if self.run.prefetch and len(self.tasks) < 2 * self.run.concurrency:
+            return self.prefetch_clients()
+        return []
 
     def task_spec(self, client: int, task_id: int) -> TaskSpec:
         run = self.run

@@ -39,6 +39,11 @@ def aulc(times: list[float], accuracies: list[float], unit: float = DAY) -> floa
     return float(np.sum((t[1:] - t[:-1]) * (a[1:] + a[:-1]) / 2.0))
 
 
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The rows of a metrics.jsonl or updates.jsonl."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
 class RunRecorder:
     """Appends JSON lines as the run goes; writes the summary, model and plot at the end."""
 

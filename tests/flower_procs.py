@@ -1,14 +1,15 @@
-"""A simulation SuperLink of the tests' own, on free loopback ports, stopped by PID."""
+"""A simulation SuperLink of the tests' own, on a free loopback port, stopped by PID: the
+launcher's LocalDeployment without SuperNodes (the simulation runs the ClientApps)."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
 
-from server_app.cli import flower_env, tool
-from server_app.deploy import free_port, stop, wait_for_port
+from server_app.cli import tool
+from server_app.deploy import CONNECTION, LocalDeployment
 
-CONNECTION = "fedstale-test"
+__all__ = ["CONNECTION", "SimulationSuperLink"]
 
 
 class SimulationSuperLink:
@@ -16,42 +17,18 @@ class SimulationSuperLink:
     serves the Runtime, Control and Fleet APIs on one HTTP port."""
 
     def __init__(self, home: Path) -> None:
-        self.home = home
-        self.port = free_port()
-        self.process: subprocess.Popen | None = None
+        self.link = LocalDeployment(home, 0, simulation=True)
 
     @property
     def env(self) -> dict[str, str]:
-        return flower_env(FLWR_HOME=str(self.home))
+        return self.link.env
 
     def start(self) -> SimulationSuperLink:
-        self.home.mkdir(parents=True, exist_ok=True)
-        (self.home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        )
-        command = [
-            tool("flower-superlink"),
-            "--insecure",
-            "--simulation",
-            "--isolation",
-            "subprocess",
-            "--disable-runtime-dependency-installation",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(self.port),
-        ]
-        log = (self.home / "superlink.log").open("w")
-        self.process = subprocess.Popen(
-            command, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        wait_for_port(self.port, 60.0, self.process, "flower-superlink")
+        self.link.start()
         return self
 
     def stop(self) -> None:
-        if self.process is not None:
-            stop(self.process)
+        self.link.stop()
 
     def run_app(
         self, app: Path, runs: Path, name: str, config: str, timeout: float

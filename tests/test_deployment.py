@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from server_app.deploy import LocalDeployment, TlsFiles, make_keys, stop
+from server_app.results import read_jsonl
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,7 +41,8 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None
 
 
 def rows(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+    """The rows so far; none before the run has made the file."""
+    return read_jsonl(path) if path.exists() else []
 
 
 def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT) -> int:

@@ -11,6 +11,7 @@ import pytest
 from server_app.cli import parse_pairs, tool
 from server_app.experiment import run_experiment
 from server_app.inprocess import InProcessTransport
+from server_app.results import read_jsonl
 from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
 
@@ -23,10 +24,6 @@ def fedstale_run(
     link: SimulationSuperLink, runs: Path, name: str, config: str, timeout: float = 420
 ) -> tuple[subprocess.CompletedProcess, Path]:
     return link.run_app(ROOT, runs, name, config, timeout)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def test_tiny_run_beats_chance_and_replays_identically(
