@@ -90,7 +90,6 @@ def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
     path = recorder.dir / checkpoint.CHECKPOINT_FILE
 
     def save(engine: Engine) -> None:
-        recorder.flush()
         snapshot = checkpoint.snapshot(
             engine, recorder.dir, recorder.metric_rows, recorder.update_rows
         )

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from common.config import RunConfig
+from common.config import ConfigError, RunConfig
 
 log = logging.getLogger("fedstale")
 DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
@@ -79,10 +79,6 @@ class RunRecorder:
         self._updates.flush()  # followers (tail -f, tests) see every row as it is made
         self.update_rows += 1
 
-    def flush(self) -> None:
-        self._metrics.flush()
-        self._updates.flush()
-
     def close(self) -> None:
         self._metrics.close()
         self._updates.close()
@@ -119,5 +115,8 @@ def _first_lines(path: Path, count: int) -> list[str]:
         return []
     lines = path.read_text(encoding="utf-8").splitlines(keepends=True) if path.is_file() else []
     if len(lines) < count:
-        raise ValueError(f"{path} has {len(lines)} rows, the checkpoint counted {count}")
+        raise ConfigError(
+            f"resume-from: {path} has {len(lines)} rows, the checkpoint counted {count}; "
+            "resume from the run folder the checkpoint was written in, unchanged"
+        )
     return lines[:count]

@@ -88,3 +88,10 @@ def test_resume_refuses_a_missing_or_foreign_checkpoint(tmp_path: Path) -> None:
             strategy="fedasync",
             **{"max-versions": 6, "resume-from": str(tmp_path / "fb")},
         )
+
+
+def test_resume_refuses_a_run_folder_with_fewer_rows_than_checkpointed(tmp_path: Path) -> None:
+    run(tmp_path, "cut", **{"max-versions": 5})
+    (tmp_path / "cut" / "metrics.jsonl").write_text("")
+    with pytest.raises(ConfigError, match=r"metrics\.jsonl has 0 rows, the checkpoint counted"):
+        run(tmp_path, "z", **{"max-versions": 8, "resume-from": str(tmp_path / "cut")})
