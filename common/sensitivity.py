@@ -21,6 +21,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from common.calibration import Batch, batch_for_task
+from common.models import LinearModel, softmax_residual
 from common.schema import SignalKeys
 
 SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
@@ -40,7 +41,31 @@ def per_sample_grads(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict
 
 
 def sensitivity(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Eq. 8 for every parameter, flattened in `named_parameters` order (float32).
+    """Eq. 8 for every parameter, flattened in `named_parameters` order (float32)."""
+    if isinstance(model, LinearModel):
+        return linear_sensitivity(model, x, y)
+    return vmap_sensitivity(model, x, y)
+
+
+def linear_sensitivity(model: LinearModel, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Eq. 8 for the paper's linear model in closed form: with r_k the softmax residual,
+    sum_k g_k = R^T X and sum_k g_k^2 = (R * R)^T (X * X) (and R, R * R summed for b)."""
+    weight, bias = (p.detach().cpu().numpy() for p in (model.fc.weight, model.fc.bias))
+    features = x.flatten(1).cpu().numpy().astype(np.float32)
+    residual, _ = softmax_residual(weight, bias, features, y.cpu().numpy())
+    squared = residual * residual
+    pieces = []
+    for theta, grad_sum, square_sum in (
+        (weight, residual.T @ features, squared.T @ (features * features)),
+        (bias, residual.sum(0), squared.sum(0)),
+    ):
+        g, fisher = grad_sum / len(y), square_sum / len(y)
+        pieces.append(np.abs(g * theta - 0.5 * fisher * theta**2).reshape(-1))
+    return torch.from_numpy(np.concatenate(pieces).astype(np.float32)).to(model.fc.weight.device)
+
+
+def vmap_sensitivity(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Eq. 8 for any model, per-sample gradients from torch.func.
 
     Per-sample gradients are taken a chunk of samples at a time (at most GRAD_CHUNK_BYTES
     of them), accumulating sum g_k and sum g_k^2, so memory does not grow with B * d."""
