@@ -1,6 +1,7 @@
 """FedPSA's client overhead: sensitivity + sketch time as a fraction of local training
-(E = 5) for the linear model and the MNIST CNN, and the peak extra memory of sensitivity +
-sketch for a model of >= 1.5 M parameters. Targets: <= 10% of training, <= 64 MB.
+(E = 5) for the linear model (with either `trainer`) and the MNIST CNN, and the peak extra
+memory of sensitivity + sketch for a model of >= 1.5 M parameters. Targets: <= 10% of
+training, <= 64 MB.
 
     python -m bench.fedpsa_overhead [--repeats 5]
 
@@ -43,13 +44,16 @@ def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
     return statistics.median(times)
 
 
-def overhead(model_name: str, repeats: int) -> dict:
+def overhead(model_name: str, trainer: str, repeats: int) -> dict:
     cfg = parse_run_config({})
     x, y = client_data(cfg, 0)
     model = build_model(model_name, (1, 28, 28), 10, seed=0)
     batch = gaussian_batch(0, (1, 28, 28), 10, CALIB)
     train = timed(
-        lambda: local_train(model, x, y, epochs=5, batch_size=64, lr=0.01, seed=0), repeats
+        lambda: local_train(
+            model, x, y, epochs=5, batch_size=64, lr=0.01, seed=0, closed_form=trainer == "auto"
+        ),
+        repeats,
     )
     signal = timed(lambda: sketch(sensitivity(model, *batch), K, seed=0), repeats)
     params = sum(p.numel() for p in model.parameters())
@@ -97,11 +101,12 @@ def main() -> None:
         peak_memory_child(args.memory_child)
         return
     torch.set_num_threads(1)
-    for name in ("linear", "cnn-mnist"):
-        row = overhead(name, args.repeats)
+    for name, trainer in (("linear", "auto"), ("linear", "autograd"), ("cnn-mnist", "auto")):
+        row = overhead(name, trainer, args.repeats)
         share = row["signal_s"] / row["train_s"]
         print(
-            f"{name:10s} {row['params']:>9,} params: training {row['train_s'] * 1000:7.1f} ms, "
+            f"{name:10s} trainer={trainer:8s} {row['params']:>9,} params: "
+            f"training {row['train_s'] * 1000:7.1f} ms, "
             f"sensitivity + sketch {row['signal_s'] * 1000:6.1f} ms = {share:.1%} (target <= 10%)"
         )
     child = subprocess.run(

@@ -5,7 +5,8 @@ single-process PyTorch loop doing the identical local training, from one run.
 
 Reference: `client_app.training.local_train` (the function the ClientApp calls) on the same
 clients' data, clients drawn uniformly at random, in this process with torch's default
-threads. Simulation: `fedstale run` with the default config (FedBuff, Fashion-MNIST, linear
+threads and the run's `trainer` (`--run-config trainer=autograd` compares autograd on both
+sides). Simulation: `fedstale run` with the default config (FedBuff, Fashion-MNIST, linear
 model, 50 clients, concurrency 10) on a SuperLink of this benchmark's own, rate measured over
 the engine's loop (after every node answered). Prints both rates, the ratio, and where the
 simulation's time goes.
@@ -51,6 +52,7 @@ def bare_rate(config: dict, tasks: int) -> float:
             batch_size=run.batch_size,
             lr=run.lr,
             seed=task,
+            closed_form=run.trainer == "auto",
         )
     return tasks / (time.perf_counter() - start)
 

@@ -50,6 +50,7 @@ def train_task(
         lr=task.lr,
         seed=task.seed,
         proximal_mu=task.proximal_mu,
+        closed_form=cfg.trainer == "auto",
     )
     trained = get_flat(model)
     delta = trained - start

@@ -85,6 +85,7 @@ class RunConfig(KebabModel):
     proximal_mu: float = Field(0.0, ge=0)
     server_step: Literal["spec", "client-lr"] = "spec"
     client_threads: int = Field(1, ge=0)
+    trainer: Literal["auto", "autograd"] = "auto"
 
     clock: Literal["virtual", "wall"] = "virtual"
     latency: Literal["uniform", "long-tail", "slow-fraction"] = "uniform"

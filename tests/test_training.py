@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from client_app.training import local_train, sgd_autograd
-from common.models import build_model
+from common.models import build_model, get_flat
 
 
 @pytest.mark.parametrize("proximal_mu", [0.0, 0.3])
@@ -24,3 +24,27 @@ def test_closed_form_sgd_of_the_linear_model_equals_autograd(proximal_mu: float)
         torch.testing.assert_close(trained, expected, rtol=1e-5, atol=1e-6)
     moved = fast.fc.weight - build_model("linear", (1, 6, 6), 4, seed=1).fc.weight
     assert moved.abs().max() > 0.01  # it trained
+
+
+@pytest.mark.parametrize("trainer", ["auto", "autograd"])
+def test_the_trainer_key_picks_the_client_sgd(trainer: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import client_app.training as training
+    from client_app.task import client_model, train_task
+    from common.schema import ReplyKeys, TaskSpec
+    from tests.helpers import run_config
+
+    used: list[str] = []
+    for name in ("sgd_autograd", "sgd_softmax_regression"):
+        original = getattr(training, name)
+
+        def spy(*args, _name=name, _fn=original, **kwargs):  # type: ignore[no-untyped-def]
+            used.append(_name)
+            return _fn(*args, **kwargs)
+
+        monkeypatch.setattr(training, name, spy)
+    cfg = run_config(dataset="fmnist", model="linear", trainer=trainer, device="cpu")
+    model, layout = client_model(cfg)
+    spec = TaskSpec(task_id=1, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    metrics, delta = train_task(cfg, 0, spec.to_config(), layout.unflatten(get_flat(model)))
+    assert used == ["sgd_softmax_regression" if trainer == "auto" else "sgd_autograd"]
+    assert metrics[ReplyKeys.TRAIN_LOSS] > 0 and any(abs(v).max() > 0 for v in delta.values())
