@@ -249,7 +249,7 @@ def mean_std(values: list[float]) -> str:
         return "-"
     if len(values) == 1:
         return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n={len(values)})"
 
 
 def matching(results: list[dict[str, Any]], **labels: Any) -> list[dict[str, Any]]:
