@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client_app.training import local_train, sgd_autograd
+from client_app.training import local_train
 from common.models import build_model, get_flat
 
 
@@ -16,9 +16,7 @@ def test_closed_form_sgd_of_the_linear_model_equals_autograd(proximal_mu: float)
     fast, reference = (build_model("linear", (1, 6, 6), 4, seed=1) for _ in range(2))
     settings = {"epochs": 3, "batch_size": 32, "lr": 0.5, "seed": 9, "proximal_mu": proximal_mu}
     fast_loss = local_train(fast, x, y, **settings)
-    generator = torch.Generator().manual_seed(9)
-    batches = [torch.randperm(150, generator=generator).split(32) for _ in range(3)]
-    reference_loss = sgd_autograd(reference, x, y, batches, 0.5, proximal_mu)
+    reference_loss = local_train(reference, x, y, **settings, closed_form=False)
     assert fast_loss == pytest.approx(reference_loss, rel=1e-5)
     for trained, expected in zip(fast.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(trained, expected, rtol=1e-5, atol=1e-6)
@@ -34,7 +32,7 @@ def test_the_trainer_key_picks_the_client_sgd(trainer: str, monkeypatch) -> None
     from tests.helpers import run_config
 
     used: list[str] = []
-    for name in ("sgd_autograd", "sgd_softmax_regression"):
+    for name in ("autograd_step", "softmax_regression_step"):
         original = getattr(training, name)
 
         def spy(*args, _name=name, _fn=original, **kwargs):  # type: ignore[no-untyped-def]
@@ -46,5 +44,5 @@ def test_the_trainer_key_picks_the_client_sgd(trainer: str, monkeypatch) -> None
     model, layout = client_model(cfg)
     spec = TaskSpec(task_id=1, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
     metrics, delta = train_task(cfg, 0, spec.to_config(), layout.unflatten(get_flat(model)))
-    assert used == ["sgd_softmax_regression" if trainer == "auto" else "sgd_autograd"]
+    assert used == ["softmax_regression_step" if trainer == "auto" else "autograd_step"]
     assert metrics[ReplyKeys.TRAIN_LOSS] > 0 and any(abs(v).max() > 0 for v in delta.values())
