@@ -3,11 +3,22 @@
 `GridTransport` wraps Flower's Grid (push_messages / pull_messages / get_node_ids). Replies
 come back as plain `Reply` records so that the engine's ordering logic can be driven by a
 scripted transport in unit tests.
+
+Pulls run in a thread of their own. Flower's `pull_messages` blocks until every object of
+every reply it took is downloaded; a node that dies mid-upload leaves a reply whose objects
+never come, and the pull then waits out the SuperLink's object-push session (180 s in
+Flower 1.41) before it answers with an error. A pull still running after `pull_wait` is left
+to finish on its own (its replies are delivered when it does) and the next `receive` starts
+a fresh one, so the other clients' replies, node refreshes and dispatch go on meanwhile.
+A late pull may bring replies that a different caller waits for (task replies and node
+queries share the transport), so replies wait in `ready` until someone asks for them.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -20,6 +31,9 @@ from common.records import from_array_record, to_array_record
 from common.schema import ARRAYS, CONFIG, METRICS
 
 log = logging.getLogger("fedstale")
+
+PULL_WAIT_SECONDS = 2.0
+UNCLAIMED_SECONDS = 60.0
 
 
 @dataclass
@@ -77,12 +91,41 @@ def reply_from_message(msg: Message) -> Reply:
     return Reply(msg_id, metrics=dict(metrics), arrays=decoded)
 
 
+class Pull:
+    """One `grid.pull_messages` call on a daemon thread (a stuck one must not hold up exit)."""
+
+    def __init__(self, grid: Grid, msg_ids: list[str]) -> None:
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.replies: list[Reply] = []
+        self.failure: BaseException | None = None
+        self.reported = False
+        self.thread = threading.Thread(target=self._run, args=(grid, msg_ids), daemon=True)
+        self.thread.start()
+
+    def _run(self, grid: Grid, msg_ids: list[str]) -> None:
+        try:
+            self.replies = [reply_from_message(m) for m in grid.pull_messages(msg_ids)]
+        except BaseException as err:  # handed to the engine's thread by `result`
+            self.failure = err
+        finally:
+            self.done.set()
+
+    def result(self) -> list[Reply]:
+        if self.failure is not None:
+            raise self.failure
+        return self.replies
+
+
 class GridTransport:
     """Transport over a Flower Grid (simulation or deployment alike)."""
 
-    def __init__(self, grid: Grid, ttl: float) -> None:
+    def __init__(self, grid: Grid, ttl: float, pull_wait: float = PULL_WAIT_SECONDS) -> None:
         self.grid = grid
         self.ttl = ttl
+        self.pull_wait = pull_wait
+        self.pulls: list[Pull] = []
+        self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
 
     def node_ids(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -103,7 +146,38 @@ class GridTransport:
         return str(ids[0])
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
-        wanted = list(msg_ids)
-        if not wanted:
-            return []
-        return [reply_from_message(m) for m in self.grid.pull_messages(wanted)]
+        """Replies to `msg_ids` ready now: a fresh pull's (waited for up to `pull_wait`)
+        and those that earlier pulls have brought in since."""
+        wanted = set(msg_ids)
+        if wanted:
+            pull = Pull(self.grid, sorted(wanted))
+            self.pulls.append(pull)
+            pull.done.wait(self.pull_wait)
+        self._gather()
+        claimed = [msg_id for msg_id in self.ready if msg_id in wanted]
+        return [self.ready.pop(msg_id)[1] for msg_id in claimed]
+
+    def _gather(self) -> None:
+        """Move finished pulls' replies into `ready`; drop replies nobody asked for within
+        UNCLAIMED_SECONDS (their task was retired meanwhile)."""
+        finished, running = [], []
+        for pull in self.pulls:
+            (finished if pull.done.is_set() else running).append(pull)
+        self.pulls = running
+        for pull in running:
+            self._report_slow(pull)
+        now = time.monotonic()
+        for pull in finished:
+            self.ready.update((reply.msg_id, (now, reply)) for reply in pull.result())
+        for msg_id in [m for m, (at, _) in self.ready.items() if now - at > UNCLAIMED_SECONDS]:
+            del self.ready[msg_id]
+            log.info("dropped a reply to message %s: nothing awaits it any more", msg_id)
+
+    def _report_slow(self, pull: Pull) -> None:
+        if not pull.reported:
+            pull.reported = True
+            log.warning(
+                "a reply pull has run %.0f s (a node may have died while uploading); "
+                "the run goes on and its replies count when it finishes",
+                time.monotonic() - pull.started,
+            )
