@@ -100,8 +100,7 @@ class Pull:
         self.replies: list[Reply] = []
         self.failure: BaseException | None = None
         self.reported = False
-        self.thread = threading.Thread(target=self._run, args=(grid, msg_ids), daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._run, args=(grid, msg_ids), daemon=True).start()
 
     def _run(self, grid: Grid, msg_ids: list[str]) -> None:
         try:
