@@ -1,0 +1,49 @@
+"""Golden runs: a fixed-seed in-process run of a tenth of a virtual day per strategy must
+write byte-identical metrics.jsonl (wall time aside) and updates.jsonl, so that a refactor
+that changes results is caught at once.
+
+After a deliberate change of results, rewrite the files and say so in the commit:
+    FEDSTALE_UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/test_golden.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from client_app.local import local_transport
+from server_app.experiment import run_experiment
+from strategies.registry import load_config
+
+GOLDEN = Path(__file__).resolve().parent / "golden"
+STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa"]
+# Fashion-MNIST, 50 clients, 10 in flight, latencies uniform 10-500: the defaults, for
+# a tenth of a virtual day (about 340 updates).
+CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
+
+
+def without_wall_time(path: Path) -> str:
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    return "".join(json.dumps({k: v for k, v in r.items() if k != "wall_time"}) + "\n" for r in rows)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_golden_run_is_unchanged(strategy: str, tmp_path: Path) -> None:
+    run, params = load_config(
+        {**CONFIG, "strategy": strategy, "run-name": strategy, "runs-dir": str(tmp_path)}
+    )
+    run_experiment(run, params, local_transport(run))
+    produced = {
+        "metrics.jsonl": without_wall_time(tmp_path / strategy / "metrics.jsonl"),
+        "updates.jsonl": (tmp_path / strategy / "updates.jsonl").read_text(),
+    }
+    folder = GOLDEN / strategy
+    if os.environ.get("FEDSTALE_UPDATE_GOLDEN") == "1":
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, text in produced.items():
+            (folder / name).write_text(text)
+    for name, text in produced.items():
+        assert text == (folder / name).read_text(), f"{strategy}: {name} differs from golden"
