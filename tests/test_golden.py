@@ -27,7 +27,8 @@ CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
 
 def without_wall_time(path: Path) -> str:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return "".join(json.dumps({k: v for k, v in r.items() if k != "wall_time"}) + "\n" for r in rows)
+    kept = [{k: v for k, v in row.items() if k != "wall_time"} for row in rows]
+    return "".join(json.dumps(row) + "\n" for row in kept)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
