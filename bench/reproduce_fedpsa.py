@@ -178,7 +178,7 @@ SUITES = {
 def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
     """One run in this (worker) process; returns its summary and accuracy curve."""
     from server_app.experiment import run_experiment
-    from server_app.inprocess import InProcessTransport
+    from client_app.local import local_transport
     from server_app.results import read_jsonl
     from strategies.registry import load_config
 
@@ -192,7 +192,7 @@ def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
         "progress-interval": 3600.0,
     }
     run, params = load_config(values)
-    summary = run_experiment(run, params, InProcessTransport(run))
+    summary = run_experiment(run, params, local_transport(run))
     rows = read_jsonl(Path(runs_dir) / job.name / "metrics.jsonl")
     curve = [(row["virtual_time"], row["accuracy"]) for row in rows]
     kappas = [

@@ -8,19 +8,26 @@ from __future__ import annotations
 
 import time
 from functools import cache
+from typing import Any
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from client_app.task import client_model, train_task
+from client_app.task import evaluate_task, train_task
 from common.config import RunConfig, parse_run_config
-from common.federation import client_data
-from common.models import evaluate, set_flat
-from common.records import from_array_record, to_array_record
-from common.schema import ARRAYS, CONFIG, METRICS, ReplyKeys
+from common.records import (
+    ArraySets,
+    decode_sets,
+    from_array_record,
+    message_content,
+    to_array_record,
+)
+from common.schema import ARRAYS, CONFIG, ReplyKeys
 
 app = ClientApp()
+STATE_KEY = "fedstale-state"  # the ArrayRecord in Context.state holding a client's kept arrays
+NODE_CONFIG_HINT = "start the SuperNode with --node-config 'partition-id=<i> num-partitions=<N>'"
 
 
 @cache
@@ -32,40 +39,72 @@ def run_config(context: Context) -> RunConfig:
     return _config(frozenset(context.run_config.items()))
 
 
-def partition_of(context: Context, cfg: RunConfig) -> int:
-    partition = int(context.node_config.get("partition-id", -1))
+def partition_problem(context: Context, cfg: RunConfig) -> str:
+    """Why this node cannot serve a client, or "" when its partition-id is fine."""
+    raw = context.node_config.get("partition-id")
+    if raw is None:
+        return f"no partition-id given; {NODE_CONFIG_HINT}"
+    try:
+        partition = int(raw)
+    except (TypeError, ValueError):
+        return f"partition-id={raw!r} is not an integer; {NODE_CONFIG_HINT}"
     if not 0 <= partition < cfg.num_clients:
-        raise ValueError(
-            f"node-config partition-id={partition} outside 0..{cfg.num_clients - 1}; "
-            "start the SuperNode with --node-config 'partition-id=<i> num-partitions=<N>'"
+        return (
+            f"partition-id={partition} is outside 0..{cfg.num_clients - 1} "
+            f"(num-clients={cfg.num_clients}); {NODE_CONFIG_HINT}"
         )
-    return partition
+    return ""
 
 
-def _reply(msg: Message, metrics: dict, arrays: dict[str, np.ndarray] | None = None) -> Message:
-    content = RecordDict({METRICS: MetricRecord(metrics)})
-    if arrays is not None:
-        content[ARRAYS] = to_array_record(arrays)
-    return Message(content, reply_to=msg)
+def partition_of(context: Context, cfg: RunConfig) -> int:
+    problem = partition_problem(context, cfg)
+    if problem:
+        raise ValueError(f"node-config: {problem}")
+    return int(context.node_config["partition-id"])
+
+
+def _reply(
+    msg: Message,
+    metrics: dict[str, Any],
+    arrays: dict[str, np.ndarray] | None = None,
+    sets: ArraySets | None = None,
+    config: dict[str, Any] | None = None,
+) -> Message:
+    return Message(message_content(config, arrays, sets, metrics), reply_to=msg)
 
 
 @app.query()
 def query(msg: Message, context: Context) -> Message:
+    """Which client this node serves; a misconfigured node says what is wrong instead."""
     cfg = run_config(context)
-    partition = partition_of(context, cfg)
-    return _reply(
-        msg,
-        {ReplyKeys.PARTITION_ID: partition, ReplyKeys.NUM_PARTITIONS: cfg.num_clients},
-    )
+    problem = partition_problem(context, cfg)
+    if problem:
+        return _reply(msg, {}, config={ReplyKeys.PROBLEM: problem})
+    return _reply(msg, {ReplyKeys.PARTITION_ID: partition_of(context, cfg)})
+
+
+def kept_state(context: Context) -> dict[str, np.ndarray]:
+    record = context.state.get(STATE_KEY)
+    return from_array_record(record) if isinstance(record, ArrayRecord) else {}
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     arrays = from_array_record(msg.content[ARRAYS])
-    metrics, result = train_task(cfg, partition_of(context, cfg), msg.content[CONFIG], arrays)
+    state = kept_state(context)
+    metrics, result, outputs = train_task(
+        cfg,
+        partition_of(context, cfg),
+        msg.content[CONFIG],
+        arrays,
+        decode_sets(msg.content),
+        state,
+    )
+    if state:
+        context.state[STATE_KEY] = to_array_record(state)
     time.sleep(injected_delay(context))
-    return _reply(msg, metrics, result)
+    return _reply(msg, metrics, result, outputs)
 
 
 def injected_delay(context: Context) -> float:
@@ -79,19 +118,7 @@ def injected_delay(context: Context) -> float:
 
 @app.evaluate()
 def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Score the model the message carries on this client's own held-out split."""
     cfg = run_config(context)
-    partition = partition_of(context, cfg)
-    model, layout = client_model(cfg)
-    set_flat(model, layout.flatten(from_array_record(msg.content[ARRAYS])))
-    x, y = client_data(cfg, partition, "val")
-    if len(y) == 0:
-        x, y = client_data(cfg, partition, "train")
-    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size)
-    metrics = {
-        ReplyKeys.TASK_ID: int(msg.content[CONFIG][ReplyKeys.TASK_ID]),
-        ReplyKeys.PARTITION_ID: partition,
-        ReplyKeys.NUM_EXAMPLES: len(y),
-        ReplyKeys.ACCURACY: accuracy,
-        ReplyKeys.LOSS: loss,
-    }
-    return _reply(msg, metrics)
+    arrays = from_array_record(msg.content[ARRAYS])
+    return _reply(msg, evaluate_task(cfg, partition_of(context, cfg), msg.content[CONFIG], arrays))

@@ -13,11 +13,15 @@ from common.schema import ReplyKeys, SignalKeys
 OVERSIZED_FLOATS = 4_000_000  # 16 MB of padding beside the model's arrays
 
 
+Arrays = dict[str, np.ndarray]
+
+
 def corrupt(
-    kind: str, metrics: dict[str, Any], arrays: dict[str, np.ndarray]
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Return (metrics, arrays) damaged as `kind` says."""
+    kind: str, metrics: dict[str, Any], arrays: Arrays, sets: dict[str, Arrays]
+) -> tuple[dict[str, Any], Arrays, dict[str, Arrays]]:
+    """Return (metrics, arrays, named sets) damaged as `kind` says."""
     metrics, arrays = dict(metrics), {k: v.copy() for k, v in arrays.items()}
+    sets = dict(sets)
     first = next(iter(arrays))
     if kind in ("nan", "inf"):
         arrays[first].flat[0] = np.nan if kind == "nan" else np.inf
@@ -39,4 +43,8 @@ def corrupt(
         metrics[SignalKeys.SKETCH] = list(metrics.get(SignalKeys.SKETCH, [0.0, 0.0]))[:-1]
     elif kind == "oversized":
         arrays["padding"] = np.ones(OVERSIZED_FLOATS, dtype=np.float32)
-    return metrics, arrays
+    elif kind == "extra-set":
+        sets["unasked"] = arrays
+    elif kind == "missing-set":
+        sets.pop(next(iter(sets), ""), None)
+    return metrics, arrays, sets

@@ -1,10 +1,10 @@
 """One training task of one client, free of Flower's message types: the ClientApp's train
-handler wraps it, and the in-process transport (server_app/inprocess.py) calls it directly."""
+handler wraps it, and local running (client_app/local.py) calls it directly."""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from functools import cache
 from typing import Any
 
@@ -12,12 +12,15 @@ import numpy as np
 import torch
 
 from client_app.faults import corrupt
-from client_app.training import local_train
+from client_app.rules import LocalTask, rules_for
+from client_app.training import Optimiser, local_train
 from common.config import RunConfig
-from common.federation import client_data, data_shape
-from common.models import ParamLayout, build_model, get_flat, resolve_device, set_flat
-from common.schema import RETURN_DELTA, ReplyKeys, SignalKeys, TaskSpec
-from common.sensitivity import sketch_for_task
+from common.federation import client_data, client_holdout, data_shape
+from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
+from common.records import ArraySets
+from common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
+
+Arrays = dict[str, np.ndarray]
 
 
 @cache
@@ -29,43 +32,87 @@ def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
 
 
 def train_task(
-    cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
-) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
-    """Train from `arrays` as the task config says; returns (metrics, delta or model)."""
+    cfg: RunConfig,
+    partition: int,
+    config: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    sets: ArraySets | None = None,
+    state: MutableMapping[str, np.ndarray] | None = None,
+) -> tuple[dict[str, Any], Arrays, dict[str, Arrays]]:
+    """Train from `arrays` as the task config says, running the strategy's client rules;
+    returns (metrics, delta or model, other named array sets). `state` is the client's
+    kept state, updated in place."""
     started = time.perf_counter()
     if cfg.client_threads:
         torch.set_num_threads(cfg.client_threads)
-    task = TaskSpec.from_config(config)
+    spec = TaskSpec.from_config(config)
     model, layout = client_model(cfg)
     start = layout.flatten(dict(arrays))
     set_flat(model, start)
+    task = LocalTask(
+        cfg,
+        partition,
+        spec,
+        model,
+        layout,
+        start,
+        inputs={name: layout.flatten(dict(a)) for name, a in (sets or {}).items()},
+        state=dict(state or {}),
+    )
+    rules = rules_for(cfg.strategy)
+    for rule in rules:
+        rule.before(task)
     device = next(model.parameters()).device
     x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
     loss = local_train(
         model,
         x,
         y,
-        epochs=task.local_epochs,
-        batch_size=task.batch_size,
-        lr=task.lr,
-        seed=task.seed,
-        proximal_mu=task.proximal_mu,
+        epochs=spec.local_epochs,
+        batch_size=spec.batch_size,
+        lr=spec.lr,
+        seed=spec.seed,
+        proximal_mu=spec.proximal_mu,
         closed_form=cfg.trainer == "auto",
+        optimiser=Optimiser(spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip),
+        steps=spec.local_steps,
+        loss_terms=task.loss_terms,
     )
     trained = get_flat(model)
     delta = trained - start
+    for rule in rules:
+        rule.after(task, trained, delta)
+    if state is not None:
+        state.clear()
+        state.update(task.state)
     metrics: dict[str, Any] = {
-        ReplyKeys.TASK_ID: task.task_id,
+        ReplyKeys.TASK_ID: spec.task_id,
         ReplyKeys.PARTITION_ID: partition,
         ReplyKeys.NUM_EXAMPLES: len(y),
         ReplyKeys.TRAIN_LOSS: loss,
+        **task.signals,
     }
-    if SignalKeys.SKETCH_K in task.extra:
-        sketch = sketch_for_task(model, task.extra, *data_shape(cfg))
-        metrics[SignalKeys.SKETCH] = [float(v) for v in sketch]
-        metrics[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
     metrics[ReplyKeys.COMPUTE_SECONDS] = time.perf_counter() - started
-    result = layout.unflatten(delta if task.returns == RETURN_DELTA else trained)
-    if task.task_id in cfg.faults:
-        metrics, result = corrupt(cfg.faults[task.task_id], metrics, result)
-    return metrics, result
+    result = layout.unflatten(delta if spec.returns == RETURN_DELTA else trained)
+    outputs = {name: layout.unflatten(vector) for name, vector in task.outputs.items()}
+    if spec.task_id in cfg.faults:
+        metrics, result, outputs = corrupt(cfg.faults[spec.task_id], metrics, result, outputs)
+    return metrics, result, outputs
+
+
+def evaluate_task(
+    cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+) -> dict[str, Any]:
+    """Score `arrays` on this client's own held-out split."""
+    model, layout = client_model(cfg)
+    set_flat(model, layout.flatten(dict(arrays)))
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in client_holdout(cfg, partition))
+    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size)
+    return {
+        ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
+        ReplyKeys.PARTITION_ID: partition,
+        ReplyKeys.NUM_EXAMPLES: len(y),
+        ReplyKeys.ACCURACY: accuracy,
+        ReplyKeys.LOSS: loss,
+    }

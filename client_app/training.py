@@ -1,11 +1,13 @@
-"""Local training: E epochs of minibatch SGD, optionally with a proximal term.
+"""Local training: minibatch SGD (or Adam) for E epochs or a fixed number of steps, with
+the optimiser settings a task asks for and any extra loss terms a client rule adds.
 
 The same function serves the ClientApp and the bare-PyTorch reference in bench/.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -13,7 +15,26 @@ from torch import nn
 
 from common.models import LinearModel, softmax_residual
 
-Step = Callable[[torch.Tensor], float]  # one SGD step on a batch of row indices -> its loss
+Step = Callable[[torch.Tensor], float]  # one optimiser step on a batch of row indices -> loss
+LossTerm = Callable[[nn.Module], torch.Tensor]  # added to the cross-entropy (autograd only)
+
+
+@dataclass(frozen=True)
+class Optimiser:
+    """What a task asks of the local optimiser (common/schema.py TaskSpec carries it)."""
+
+    kind: str = "sgd"  # "sgd" or "adam"
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0  # max gradient norm; 0 = no clipping
+
+    @property
+    def plain_sgd(self) -> bool:
+        """Minibatch SGD with nothing on top: what the closed-form trainer computes."""
+        return self.kind == "sgd" and not (self.momentum or self.weight_decay or self.grad_clip)
+
+
+PLAIN_SGD = Optimiser()
 
 
 def local_train(
@@ -27,37 +48,69 @@ def local_train(
     seed: int,
     proximal_mu: float = 0.0,
     closed_form: bool = True,
+    optimiser: Optimiser = PLAIN_SGD,
+    steps: int = 0,
+    loss_terms: Sequence[LossTerm] = (),
 ) -> float:
-    """Train `model` in place; returns the mean minibatch loss (cross-entropy, without the
-    proximal term) of the last epoch. Batches come from one seeded permutation per epoch.
-    `closed_form` lets the linear model on CPU skip autograd (same SGD, tested)."""
-    if closed_form and isinstance(model, LinearModel) and x.device.type == "cpu":
+    """Train `model` in place; returns the mean minibatch cross-entropy (without the
+    proximal term or extra loss terms) of the last pass over the data. Batches come from
+    one seeded permutation per pass. `steps` > 0 trains exactly that many minibatch steps
+    instead of `epochs` passes. `closed_form` lets the linear model on CPU skip autograd
+    when it computes the same thing (plain SGD, no extra loss terms; tested)."""
+    linear_on_cpu = isinstance(model, LinearModel) and x.device.type == "cpu"
+    if closed_form and linear_on_cpu and optimiser.plain_sgd and not loss_terms:
         step = softmax_regression_step(model, x, y, lr, proximal_mu)
     else:
-        step = autograd_step(model, x, y, lr, proximal_mu)
+        step = autograd_step(model, x, y, lr, proximal_mu, optimiser, loss_terms)
     generator = torch.Generator().manual_seed(seed)
-    last_epoch_loss = 0.0
-    for _ in range(epochs):
+    steps_left, passes, last_pass_loss = steps, 0, 0.0
+    while (passes < epochs) if steps <= 0 else (steps_left > 0 and len(y) > 0):
         batches = torch.randperm(len(y), generator=generator).split(batch_size)
+        if steps > 0:
+            batches = batches[:steps_left]
+            steps_left -= len(batches)
         losses = [step(idx) for idx in batches]
-        last_epoch_loss = sum(losses) / max(len(losses), 1)
-    return last_epoch_loss
+        last_pass_loss = sum(losses) / max(len(losses), 1)
+        passes += 1
+    return last_pass_loss
+
+
+def make_optimizer(
+    params: list[nn.Parameter], lr: float, optimiser: Optimiser
+) -> torch.optim.Optimizer:
+    if optimiser.kind == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=optimiser.weight_decay)
+    return torch.optim.SGD(
+        params, lr=lr, momentum=optimiser.momentum, weight_decay=optimiser.weight_decay
+    )
 
 
 def autograd_step(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, lr: float, proximal_mu: float
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    lr: float,
+    proximal_mu: float,
+    optimiser: Optimiser = PLAIN_SGD,
+    loss_terms: Sequence[LossTerm] = (),
 ) -> Step:
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    anchor = [p.detach().clone() for p in model.parameters()] if proximal_mu > 0 else []
+    params = list(model.parameters())
+    optimizer = make_optimizer(params, lr, optimiser)
+    anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else []
     model.train()
 
     def step(idx: torch.Tensor) -> float:
         loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        objective = loss
+        for term in loss_terms:
+            objective = objective + term(model)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        objective.backward()
         # Gradient of mu/2 ||w - w_start||^2, added directly (cheaper than autograd).
-        for param, start in zip(model.parameters(), anchor, strict=False):
+        for param, start in zip(params, anchor, strict=False):
             param.grad.add_(param.detach() - start, alpha=proximal_mu)
+        if optimiser.grad_clip > 0:
+            nn.utils.clip_grad_norm_(params, optimiser.grad_clip)
         optimizer.step()
         return float(loss.detach())
 

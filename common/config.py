@@ -83,6 +83,11 @@ class RunConfig(KebabModel):
     lr: float = Field(0.01, gt=0)
     lr_decay: float = Field(0.999, gt=0, le=1)
     proximal_mu: float = Field(0.0, ge=0)
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(0.0, ge=0)
+    local_steps: int = Field(0, ge=0)
     server_step: Literal["spec", "client-lr"] = "spec"
     client_threads: int = Field(1, ge=0)
     trainer: Literal["auto", "autograd"] = "auto"
@@ -101,6 +106,8 @@ class RunConfig(KebabModel):
     max_wall_seconds: float = Field(0.0, ge=0)
 
     eval_interval: float = Field(1000.0, gt=0)
+    eval_target: Literal["auto", "global", "per-client"] = "auto"
+    eval_where: Literal["auto", "server", "clients"] = "auto"
     eval_batch_size: int = Field(1024, ge=1)
     progress_interval: float = Field(5.0, gt=0)
 
@@ -114,6 +121,7 @@ class RunConfig(KebabModel):
     poll_interval: float = Field(0.02, gt=0, le=5)
     node_wait_seconds: float = Field(120.0, gt=0)
     task_ttl: float = Field(3600.0, gt=0)
+    task_timeout: float = Field(900.0, ge=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -146,6 +154,8 @@ FAULT_KINDS = (
     "mistyped-metric",
     "sketch-length",
     "oversized",
+    "extra-set",
+    "missing-set",
 )
 
 

@@ -190,6 +190,13 @@ def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torc
     return _client_tensors(FederationKey.of(cfg), client, split)
 
 
+def client_holdout(cfg: RunConfig, client: int) -> tuple[torch.Tensor, ...]:
+    """The split a client's own model is scored on: its held-out split, or its training
+    split when it has none (client-val-fraction 0)."""
+    x, y = client_data(cfg, client, "val")
+    return (x, y) if len(y) else client_data(cfg, client, "train")
+
+
 @cache
 def _data_shape(key: FederationKey) -> tuple[tuple[int, ...], int]:
     arrays = _share_arrays(key, 0, "train", SHAPE)

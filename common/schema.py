@@ -1,9 +1,12 @@
 """Every key that travels between the ServerApp and the ClientApps, and their validation.
 
 Server -> client: ConfigRecord `config` (TaskKeys) and ArrayRecord `arrays` (the model the
-client starts from, state-dict names). Client -> server: ArrayRecord `arrays` (delta or
-model, as the task asks) and MetricRecord `metrics` (ReplyKeys plus strategy signals).
-A `query` message asks a node which client (partition) it serves.
+client starts from, state-dict names), plus any other named set under `arrays.<name>`.
+Client -> server: ArrayRecord `arrays` (delta or model, as the task asks), the named sets
+the strategy asks for under `arrays.<name>`, and MetricRecord `metrics` (ReplyKeys plus
+strategy signals). A `query` message asks a node which client (partition) it serves; a
+node that cannot say answers with a ConfigRecord `config` holding `problem`. An `evaluate`
+message scores the model it carries on the node's own held-out split.
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ MSG_QUERY = "query"
 
 RETURN_DELTA = "delta"
 RETURN_MODEL = "model"
+OPTIMIZERS = ("sgd", "adam")
+
+
+def set_key(name: str) -> str:
+    """The RecordDict key of a named array set other than the main one."""
+    return f"{ARRAYS}.{name}"
+
+
+def set_name(key: str) -> str | None:
+    """The set name behind a RecordDict key, or None when it is not an extra array set."""
+    prefix = f"{ARRAYS}."
+    return key[len(prefix) :] if key.startswith(prefix) else None
 
 
 class TaskKeys:
@@ -35,6 +50,11 @@ class TaskKeys:
     SEED = "seed"
     RETURN = "return"
     PROXIMAL_MU = "proximal-mu"
+    MOMENTUM = "momentum"
+    WEIGHT_DECAY = "weight-decay"
+    GRAD_CLIP = "grad-clip"
+    LOCAL_STEPS = "local-steps"  # > 0: this many minibatch steps instead of epochs
+    OPTIMIZER = "optimizer"
 
 
 class SignalKeys:
@@ -56,12 +76,12 @@ class SignalKeys:
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"
-    NUM_PARTITIONS = "num-partitions"
     NUM_EXAMPLES = "num-examples"
     TRAIN_LOSS = "train-loss"
     COMPUTE_SECONDS = "compute-seconds"
     ACCURACY = "accuracy"
     LOSS = "loss"
+    PROBLEM = "problem"  # ConfigRecord entry of a query reply from a misconfigured node
 
 
 class InvalidReply(ValueError):
@@ -80,6 +100,11 @@ class TaskSpec:
     seed: int
     returns: str = RETURN_DELTA
     proximal_mu: float = 0.0
+    momentum: float = 0.0
+    weight_decay: float = 0.0
+    grad_clip: float = 0.0
+    local_steps: int = 0
+    optimizer: str = "sgd"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_config(self) -> dict[str, Any]:
@@ -92,27 +117,26 @@ class TaskSpec:
             TaskKeys.SEED: self.seed,
             TaskKeys.RETURN: self.returns,
             TaskKeys.PROXIMAL_MU: float(self.proximal_mu),
+            TaskKeys.MOMENTUM: float(self.momentum),
+            TaskKeys.WEIGHT_DECAY: float(self.weight_decay),
+            TaskKeys.GRAD_CLIP: float(self.grad_clip),
+            TaskKeys.LOCAL_STEPS: int(self.local_steps),
+            TaskKeys.OPTIMIZER: self.optimizer,
             **self.extra,
         }
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TaskSpec:
-        known = {
-            TaskKeys.TASK_ID,
-            TaskKeys.VERSION,
-            TaskKeys.LR,
-            TaskKeys.EPOCHS,
-            TaskKeys.BATCH_SIZE,
-            TaskKeys.SEED,
-            TaskKeys.RETURN,
-            TaskKeys.PROXIMAL_MU,
-        }
+        known = {v for k, v in vars(TaskKeys).items() if k.isupper()}
         missing = known - set(config)
         if missing:
             raise InvalidReply(f"task config lacks {sorted(missing)}")
         returns = str(config[TaskKeys.RETURN])
         if returns not in (RETURN_DELTA, RETURN_MODEL):
             raise InvalidReply(f"task asks to return '{returns}'")
+        optimizer = str(config[TaskKeys.OPTIMIZER])
+        if optimizer not in OPTIMIZERS:
+            raise InvalidReply(f"task asks for optimizer '{optimizer}'")
         return cls(
             task_id=int(config[TaskKeys.TASK_ID]),
             version=int(config[TaskKeys.VERSION]),
@@ -122,6 +146,11 @@ class TaskSpec:
             seed=int(config[TaskKeys.SEED]),
             returns=returns,
             proximal_mu=float(config[TaskKeys.PROXIMAL_MU]),
+            momentum=float(config[TaskKeys.MOMENTUM]),
+            weight_decay=float(config[TaskKeys.WEIGHT_DECAY]),
+            grad_clip=float(config[TaskKeys.GRAD_CLIP]),
+            local_steps=int(config[TaskKeys.LOCAL_STEPS]),
+            optimizer=optimizer,
             extra={k: v for k, v in config.items() if k not in known},
         )
 
@@ -209,3 +238,17 @@ def check_arrays(
             raise InvalidReply(f"array '{name}' has shape {tuple(array.shape)}, expected {shape}")
         if not np.isfinite(array).all():
             raise InvalidReply(f"array '{name}' holds NaN or Inf")
+
+
+def parse_eval_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate an evaluate reply's MetricRecord; raises InvalidReply naming the first fault."""
+    accuracy = _require_float(metrics, ReplyKeys.ACCURACY)
+    if not 0.0 <= accuracy <= 1.0:
+        raise InvalidReply(f"metric '{ReplyKeys.ACCURACY}' = {accuracy} is outside [0, 1]")
+    return {
+        ReplyKeys.TASK_ID: _require_int(metrics, ReplyKeys.TASK_ID, 0),
+        ReplyKeys.PARTITION_ID: _require_int(metrics, ReplyKeys.PARTITION_ID, 0),
+        ReplyKeys.NUM_EXAMPLES: _require_int(metrics, ReplyKeys.NUM_EXAMPLES, 0),
+        ReplyKeys.ACCURACY: accuracy,
+        ReplyKeys.LOSS: _require_float(metrics, ReplyKeys.LOSS),
+    }

@@ -18,14 +18,19 @@ from typing import Protocol
 
 @dataclass
 class Task:
+    """A task in flight: `version` the global version it started from, `accepted_before`
+    the updates accepted before it was sent, `deadline` the monotonic second after which
+    it is retired unanswered (inf: none)."""
+
     task_id: int
     client: int
     node: int
     msg_id: str
     version: int
+    accepted_before: int
     dispatched_at: float
     finishes_at: float
-    sent_wall: float
+    deadline: float = math.inf
 
 
 class Clock(Protocol):
@@ -42,6 +47,12 @@ class Clock(Protocol):
         ...
 
     def advance(self, task: Task) -> None: ...
+
+    def state(self) -> dict[str, float]:
+        """What a checkpoint keeps: the clock's reading."""
+        ...
+
+    def load_state(self, state: dict[str, float]) -> None: ...
 
 
 class VirtualClock:
@@ -68,6 +79,12 @@ class VirtualClock:
     def advance(self, task: Task) -> None:
         self.time = max(self.time, task.finishes_at)
 
+    def state(self) -> dict[str, float]:
+        return {"time": self.time}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        self.time = state["time"]
+
 
 class WallClock:
     def __init__(self) -> None:
@@ -88,6 +105,13 @@ class WallClock:
 
     def advance(self, task: Task) -> None:
         """Wall time advances by itself."""
+
+    def state(self) -> dict[str, float]:
+        return {"time": self.now()}
+
+    def load_state(self, state: dict[str, float]) -> None:
+        """Go on counting from the saved reading."""
+        self.start = time.monotonic() - state["time"]
 
 
 def make_clock(kind: str) -> Clock:

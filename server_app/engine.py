@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,18 +19,25 @@ import numpy as np
 from common.config import RunConfig
 from common.latency import LatencyProfile
 from common.models import ParamLayout
-from common.schema import MSG_TRAIN, InvalidReply, TaskSpec, check_arrays, parse_train_metrics
+from common.schema import (
+    ARRAYS,
+    MSG_TRAIN,
+    InvalidReply,
+    TaskSpec,
+    check_arrays,
+    parse_train_metrics,
+)
 from common.seeding import task_seed
 from server_app.clock import Clock, Task, make_clock
+from server_app.evaluation import ClientScorer, Evaluation, Evaluator, Scoreboard
 from server_app.nodes import NodeBook
 from server_app.transport import Reply, SendRefused, Transport
-from strategies.base import Strategy, Update
+from strategies.base import Assignment, InFlight, Strategy, Update, View
 
 log = logging.getLogger("fedstale")
 
 NODE_REFRESH_SECONDS = 1.0
 TIME_BUDGET = "time budget"
-Evaluator = Callable[[np.ndarray], tuple[float, float]]
 
 
 class Recorder(Protocol):
@@ -49,6 +56,7 @@ class Counters:
     accepted: int = 0
     rejected: int = 0
     failed: int = 0
+    superseded: int = 0
     client_compute_seconds: float = 0.0
 
 
@@ -67,16 +75,6 @@ class Stopwatch:
             self.seconds[phase] += time.perf_counter() - start
 
 
-@dataclass
-class Evaluation:
-    virtual_time: float
-    wall_time: float
-    version: int
-    accuracy: float
-    loss: float
-    updates: int
-
-
 class Engine:
     def __init__(
         self,
@@ -89,13 +87,13 @@ class Engine:
         recorder: Recorder,
         progress: Callable[[Engine], None] | None = None,
         checkpointer: Callable[[Engine], None] | None = None,
+        client_scorer: ClientScorer | None = None,
     ) -> None:
         self.run = run
         self.strategy = strategy
         self.transport = transport
         self.layout = layout
         self.latency = latency
-        self.evaluator = evaluator
         self.recorder = recorder
         self.progress = progress
         self.checkpointer = checkpointer
@@ -103,23 +101,34 @@ class Engine:
         self.nodes = NodeBook(run.num_clients)
         self.rng = np.random.default_rng([run.seed, 0xD15])
         self.tasks: dict[int, Task] = {}
-        self.history: dict[int, Task] = {}
         self.by_msg: dict[str, int] = {}
         self.arrived: dict[int, Reply] = {}
         self.answered: set[int] = set()
+        self.superseded: dict[str, int] = {}  # message id of a superseded task -> its node
         self.version = 0
         self.next_task_id = 0
         self.counters = Counters()
-        self.evaluations: list[Evaluation] = []
+        self.scores = Scoreboard(run, strategy, transport, layout, evaluator, client_scorer)
+        self.scores.on_result = lambda evaluation: recorder.metric(evaluation.row())
         self.next_eval = 0.0
         self.wall_start = time.monotonic()
         self.loop_started: float | None = None
         self.watch = Stopwatch()
         self.last_refresh = -math.inf
         self.stop_reason = ""
-        self.target_hit = False
-        self.time_to_target: float | None = None
         self.stall_since: float | None = None
+
+    @property
+    def evaluations(self) -> list[Evaluation]:
+        return self.scores.done
+
+    @property
+    def target_hit(self) -> bool:
+        return self.scores.target_hit
+
+    @property
+    def time_to_target(self) -> float | None:
+        return self.scores.time_to_target
 
     # ---------------------------------------------------------------- dispatch
     @property
@@ -137,49 +146,92 @@ class Engine:
             counts[task.client] += 1
         return [c for c in self.nodes.clients if counts.get(c) == 1]
 
+    def view(self, candidates: list[int], capacity: int) -> View:
+        accepted = self.counters.accepted
+        in_flight = tuple(
+            InFlight(
+                t.task_id,
+                t.client,
+                t.version,
+                self.version - t.version,
+                accepted - t.accepted_before,
+            )
+            for t in self.tasks.values()
+        )
+        return View(self.version, tuple(candidates), in_flight, capacity)
+
     def fill(self) -> None:
-        """Dispatch while the strategy allows it and a client can take a task."""
-        while self.strategy.may_dispatch():
-            candidates = self.dispatch_candidates()
+        """Dispatch what the strategy plans while a client can take a task."""
+        while True:
+            candidates, capacity = self.dispatch_candidates()
             if not candidates:
                 return
-            self.dispatch(int(candidates[self.rng.integers(len(candidates))]))
+            assignments = self.strategy.plan(self.view(candidates, capacity), self.rng)
+            if not assignments:
+                return
+            self.check_plan(assignments, candidates, capacity)
+            for assignment in assignments:
+                self.dispatch(assignment)
 
-    def dispatch_candidates(self) -> list[int]:
+    def dispatch_candidates(self) -> tuple[list[int], int]:
         """Idle clients while fewer than `concurrency` tasks run; then, with `prefetch`,
-        clients that may queue a second task, up to twice `concurrency`."""
-        if len(self.tasks) < self.run.concurrency:
+        clients that may queue a second task, up to twice `concurrency`. With how many
+        tasks may start."""
+        concurrency = self.run.concurrency
+        if len(self.tasks) < concurrency:
             idle = self.idle_clients()
             if idle:
-                return idle
-        if self.run.prefetch and len(self.tasks) < 2 * self.run.concurrency:
-            return self.prefetch_clients()
-        return []
+                return idle, concurrency - len(self.tasks)
+        if self.run.prefetch and len(self.tasks) < 2 * concurrency:
+            return self.prefetch_clients(), 2 * concurrency - len(self.tasks)
+        return [], 0
 
-    def task_spec(self, client: int, task_id: int) -> TaskSpec:
+    def check_plan(self, plan: list[Assignment], candidates: list[int], capacity: int) -> None:
+        clients = [a.client for a in plan]
+        if len(plan) > capacity or len(set(clients)) < len(clients):
+            raise RuntimeError(
+                f"strategy {self.strategy.name} planned {clients} with room for {capacity} "
+                "distinct clients"
+            )
+        unavailable = sorted(set(clients) - set(candidates))
+        if unavailable:
+            raise RuntimeError(
+                f"strategy {self.strategy.name} planned clients {unavailable} "
+                "that cannot take a task now"
+            )
+
+    def task_spec(self, task_id: int, assignment: Assignment) -> TaskSpec:
         run = self.run
-        return TaskSpec(
+        spec = TaskSpec(
             task_id=task_id,
             version=self.version,
             lr=run.lr * run.lr_decay**self.version,
             local_epochs=run.local_epochs,
             batch_size=run.batch_size,
-            seed=task_seed(run.seed, client, task_id),
+            seed=task_seed(run.seed, assignment.client, task_id),
             returns=self.strategy.returns,
-            proximal_mu=self.strategy.proximal_mu(client),
-            extra=self.strategy.task_extra(client),
+            proximal_mu=run.proximal_mu,
+            momentum=run.momentum,
+            weight_decay=run.weight_decay,
+            grad_clip=run.grad_clip,
+            local_steps=run.local_steps,
+            optimizer=run.optimizer,
+            extra=assignment.entries,
         )
+        return replace(spec, **assignment.settings)
 
-    def dispatch(self, client: int) -> None:
+    def dispatch(self, assignment: Assignment) -> None:
         with self.watch("dispatch"):
-            self._dispatch(client)
+            self._dispatch(assignment)
 
-    def _dispatch(self, client: int) -> None:
+    def _dispatch(self, assignment: Assignment) -> None:
+        client = assignment.client
         task_id, node = self.next_task_id, self.nodes.node_of[client]
-        spec = self.task_spec(client, task_id)
-        arrays = self.layout.unflatten(self.strategy.model_for(client))
+        spec = self.task_spec(task_id, assignment)
+        models = {name: self.layout.unflatten(v) for name, v in assignment.models.items()}
+        main = models.pop(ARRAYS)
         try:
-            msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), arrays)
+            msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), main, models or None)
         except SendRefused as err:
             log.warning(
                 "node %d (client %d) left: %s; it gets no work until it returns", node, client, err
@@ -188,15 +240,17 @@ class Engine:
             return
         self.next_task_id += 1
         latency = self.latency.task_latency(client, task_id)
-        self.tasks[task_id] = self.history[task_id] = Task(
+        timeout = self.run.task_timeout
+        self.tasks[task_id] = Task(
             task_id=task_id,
             client=client,
             node=node,
             msg_id=msg_id,
             version=self.version,
+            accepted_before=self.counters.accepted,
             dispatched_at=self.clock.now(),
             finishes_at=self.clock.finish_time(latency),
-            sent_wall=time.monotonic(),
+            deadline=time.monotonic() + timeout if timeout else math.inf,
         )
         self.by_msg[msg_id] = task_id
         self.strategy.on_dispatch(client)
@@ -204,8 +258,12 @@ class Engine:
 
     # ---------------------------------------------------------------- replies
     def collect(self) -> None:
-        """Pull whatever replies are ready; error replies retire their task at once."""
-        for reply in self.transport.receive(list(self.by_msg)):
+        """Pull whatever replies are ready; error replies retire their task at once and
+        replies to superseded tasks are discarded."""
+        for reply in self.transport.receive([*self.by_msg, *self.superseded]):
+            if self.superseded.pop(reply.msg_id, None) is not None:
+                log.debug("discarded the reply to superseded message %s", reply.msg_id)
+                continue
             task_id = self.by_msg.pop(reply.msg_id, None)
             if task_id is None:
                 log.warning("ignored a reply to unknown message %s", reply.msg_id)
@@ -226,6 +284,29 @@ class Engine:
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
         )
 
+    def supersede(self, task_ids: list[int]) -> None:
+        """Withdraw tasks in flight: a reply that is in is dropped now, one still to come is
+        dropped when it arrives; each counts as superseded, never as lost or accepted."""
+        for task_id in task_ids:
+            task = self.tasks.pop(task_id, None)
+            if task is None:
+                raise RuntimeError(
+                    f"strategy {self.strategy.name} superseded task {task_id}, not in flight"
+                )
+            self.by_msg.pop(task.msg_id, None)
+            if self.arrived.pop(task_id, None) is None:
+                self.superseded[task.msg_id] = task.node
+            self.counters.superseded += 1
+            log.debug("task %d (client %d) superseded", task_id, task.client)
+
+    def expire_overdue(self) -> None:
+        """Retire tasks that have gone unanswered past `task-timeout` (a node that is alive
+        but never answers would otherwise hold the virtual clock until Flower's TTL)."""
+        now = time.monotonic()
+        for task in [t for t in self.tasks.values() if t.deadline < now]:
+            if task.task_id not in self.arrived:
+                self.retire(task, f"no reply within task-timeout {self.run.task_timeout:g} s")
+
     def validate(self, task: Task, reply: Reply) -> Update:
         if reply.invalid:
             raise InvalidReply(reply.invalid)
@@ -237,7 +318,13 @@ class Engine:
             raise InvalidReply(f"reply claims client {metrics.partition_id}")
         if reply.arrays is None:
             raise InvalidReply("reply carries no arrays")
-        check_arrays(reply.arrays, self.layout.names, self.layout.shapes)
+        expected = sorted(self.strategy.reply_sets)
+        if sorted(reply.sets) != expected:
+            raise InvalidReply(
+                f"reply carries array sets {sorted(reply.sets)}, expected {expected}"
+            )
+        for arrays in (reply.arrays, *reply.sets.values()):
+            check_arrays(arrays, self.layout.names, self.layout.shapes)
         update = Update(
             client=task.client,
             task_id=task.task_id,
@@ -247,6 +334,8 @@ class Engine:
             vector=self.layout.flatten(reply.arrays),
             signals=metrics.signals,
             compute_seconds=metrics.compute_seconds,
+            sets={name: self.layout.flatten(a) for name, a in reply.sets.items()},
+            arrivals=self.counters.accepted - task.accepted_before,
         )
         self.strategy.validate(update)
         return update
@@ -268,19 +357,29 @@ class Engine:
             )
             return
         with self.watch("aggregate"):
-            self.strategy.version = self.version
-            outcome = self.strategy.on_update(update)
+            view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
+            outcome = self.strategy.on_update(update, view)
         self.counters.accepted += 1
         self.counters.client_compute_seconds += update.compute_seconds
         if outcome.changed:
             self.version += 1
-            every = self.run.checkpoint_every
-            if self.checkpointer is not None and every and self.version % every == 0:
-                self.checkpointer(self)
         for record in outcome.records:
             self.recorder.update(
                 {"time": self.clock.now(), "version": self.version, **_plain(record)}
             )
+        if outcome.supersede or outcome.dispatch:
+            self.supersede(outcome.supersede)
+            self.dispatch_now(outcome.dispatch)
+        every = self.run.checkpoint_every
+        if outcome.changed and every and self.version % every == 0 and self.checkpointer:
+            self.checkpointer(self)
+
+    def dispatch_now(self, assignments: list[Assignment]) -> None:
+        """The replacements an outcome names, sent at once to clients that are idle now."""
+        if assignments:
+            self.check_plan(assignments, self.idle_clients(), len(assignments))
+        for assignment in assignments:
+            self.dispatch(assignment)
 
     def process_ready(self) -> bool:
         """Handle every reply the clock allows now; False when nothing could be handled."""
@@ -315,24 +414,17 @@ class Engine:
             self.evaluate(self.next_eval)
             self.next_eval += self.run.eval_interval
 
-    def evaluate(self, at: float) -> Evaluation:
-        with self.watch("evaluate"):
-            accuracy, loss = self.evaluator(self.strategy.model)
-        result = Evaluation(
+    def evaluate(self, at: float) -> None:
+        evaluation = Evaluation(
             virtual_time=at,
             wall_time=time.monotonic() - self.wall_start,
             version=self.version,
-            accuracy=accuracy,
-            loss=loss,
+            accuracy=math.nan,
+            loss=math.nan,
             updates=self.counters.accepted,
         )
-        self.evaluations.append(result)
-        self.recorder.metric(asdict(result))
-        target = self.run.target_accuracy
-        if target and accuracy >= target and not self.target_hit:
-            self.target_hit = True
-            self.time_to_target = at
-        return result
+        with self.watch("evaluate"):
+            self.scores.evaluate(evaluation, self.nodes)
 
     # ---------------------------------------------------------------- budgets
     def check_budgets(self) -> None:
@@ -355,6 +447,8 @@ class Engine:
         gone = set(self.nodes.refresh(self.transport))
         for task in [t for t in self.tasks.values() if t.node in gone]:
             self.retire(task, "node went offline")
+        for msg_id in [m for m, node in self.superseded.items() if node in gone]:
+            del self.superseded[msg_id]
         self.nodes.collect(self.transport)
 
     def wait_for_clients(self) -> None:
@@ -386,6 +480,8 @@ class Engine:
             self.fill()
             with self.watch("pull"):
                 self.collect()
+                self.scores.collect()
+            self.expire_overdue()
             if not self.process_ready():
                 self.check_budgets()
                 self.evaluate_due(self.wall_due_time())
@@ -401,7 +497,7 @@ class Engine:
         return self.clock.now() if self.run.clock == "wall" else -math.inf
 
     def guard_stall(self) -> None:
-        if self.tasks or (self.strategy.may_dispatch() and self.idle_clients()):
+        if self.tasks or self.dispatch_candidates()[0]:
             self.stall_since = None
             return
         if self.stall_since is None:
@@ -420,10 +516,35 @@ class Engine:
     def finish(self) -> None:
         end = self.end_time()
         self.evaluate_due(end)
-        last = self.evaluations[-1] if self.evaluations else None
+        last = self.scores.latest
         if last is None or last.virtual_time < end or last.version != self.version:
             self.evaluate(end)
+        self.scores.drain(self.run.poll_interval)
         log.info("stopped: %s", self.stop_reason)
+
+    # ---------------------------------------------------------------- checkpoints
+    def state(self) -> dict[str, Any]:
+        """The engine's own state for a checkpoint (the clock and strategy keep theirs)."""
+        return {
+            "version": self.version,
+            "next_task_id": self.next_task_id,
+            "counters": asdict(self.counters),
+            "evaluations": [asdict(e) for e in self.evaluations],
+            "next_eval": self.next_eval,
+            "rng": self.rng.bit_generator.state,
+            "time_to_target": self.time_to_target,
+            "target_hit": self.target_hit,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.version = state["version"]
+        self.next_task_id = state["next_task_id"]
+        self.counters = Counters(**state["counters"])
+        self.scores.done[:] = [Evaluation(**e) for e in state["evaluations"]]
+        self.next_eval = state["next_eval"]
+        self.rng.bit_generator.state = state["rng"]
+        self.scores.time_to_target = state["time_to_target"]
+        self.scores.target_hit = state["target_hit"]
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

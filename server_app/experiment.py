@@ -13,12 +13,13 @@ import torch
 
 from common.calibration import encode, real_batch
 from common.config import ConfigError, KebabModel, RunConfig
-from common.federation import federation_of, test_data
+from common.federation import client_holdout, federation_of, test_data
 from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.sensitivity import loss_gradient, sketch_for_task
 from server_app import checkpoint
-from server_app.engine import Engine, Evaluator
+from server_app.engine import Engine
+from server_app.evaluation import ClientScorer, Evaluator
 from server_app.progress import Progress
 from server_app.results import RunRecorder, aulc, run_name, runs_root
 from server_app.transport import Transport
@@ -42,6 +43,21 @@ def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:
         return evaluate(model, x_test, y_test, run.eval_batch_size)
 
     return score, get_flat(model), ParamLayout.of(model)
+
+
+def make_client_scorer(run: RunConfig) -> ClientScorer:
+    """Scores a client's model on that client's own held-out split, exactly as its
+    ClientApp's evaluate handler would (client_app/task.py evaluate_task)."""
+    fed = federation_of(run)
+    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
+    model = model.to(resolve_device(run.device))
+
+    def score(client: int, flat: np.ndarray) -> tuple[float, float]:
+        set_flat(model, flat)
+        x, y = client_holdout(run, client)
+        return evaluate(model, x, y, run.eval_batch_size)
+
+    return score
 
 
 def bind_server_signals(run: RunConfig, strategy: Strategy) -> None:
@@ -106,6 +122,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     counters = engine.counters
     return {
         "strategy": engine.run.strategy,
+        "evaluation": "per-client" if engine.scores.per_client else "global",
         "stop_reason": engine.stop_reason,
         "final_accuracy": accuracies[-1],
         "best_accuracy": max(accuracies),
@@ -116,6 +133,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "updates_accepted": counters.accepted,
         "updates_rejected": counters.rejected,
         "tasks_lost": counters.failed,
+        "tasks_superseded": counters.superseded,
         "tasks_dispatched": counters.dispatched,
         "wall_seconds": wall_seconds,
         "loop_seconds": loop_seconds,
@@ -163,6 +181,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         recorder,
         Progress(run.progress_interval),
         checkpointer(recorder),
+        make_client_scorer(run),
     )
     if resumed is not None:
         checkpoint.restore(engine, resumed)
@@ -180,6 +199,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         f"{run.strategy} on {run.dataset}",
         [e.virtual_time for e in engine.evaluations],
         [e.accuracy for e in engine.evaluations],
+        "mean client accuracy" if engine.scores.per_client else "test accuracy",
     )
     log.info(
         "done: final accuracy %.4f, best %.4f, %d versions, %d updates in %.1f s (%s)",

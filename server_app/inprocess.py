@@ -1,31 +1,44 @@
-"""A transport that runs the clients' training in this process, without Flower.
+"""A transport that runs the clients' work in this process, without Flower.
 
 For quick experiments and long paper reproductions on a small box: the engine, strategies
-and client code (`client_app.task.train_task`) are the ones a Flower run uses, and on the
-virtual clock a run gives the same metrics as in Flower simulation (tests check it), at
-the speed of a bare PyTorch loop. Clients train with `client-threads` threads, as in a Ray actor.
+and client code are the ones a Flower run uses, and on the virtual clock a run gives the
+same metrics as in Flower simulation (tests check it), at the speed of a bare PyTorch loop.
+The client functions are injected (client_app/local.py builds this transport with them),
+so the server side never imports client_app. Each client keeps its own state between tasks,
+as Flower's Context.state does on a node.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
 import torch
 
-from client_app.task import train_task
 from common.config import RunConfig
-from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys
+from common.records import ArraySets
+from common.schema import MSG_EVALUATE, MSG_QUERY, MSG_TRAIN, ReplyKeys
 from server_app.transport import Reply
 
 NODE_BASE = 1000
+Arrays = dict[str, np.ndarray]
+TrainFn = Callable[
+    [RunConfig, int, Mapping[str, Any], Arrays, ArraySets | None, MutableMapping[str, np.ndarray]],
+    tuple[dict[str, Any], Arrays, dict[str, Arrays]],
+]
+EvaluateFn = Callable[[RunConfig, int, Mapping[str, Any], Arrays], dict[str, Any]]
 
 
 class InProcessTransport:
-    def __init__(self, run: RunConfig) -> None:
+    simulated = True
+
+    def __init__(self, run: RunConfig, train: TrainFn, evaluate: EvaluateFn) -> None:
         self.run = run
+        self.train_fn = train
+        self.evaluate_fn = evaluate
         self.replies: dict[str, Reply] = {}
+        self.states: dict[int, dict[str, np.ndarray]] = {}  # per client: its Context.state
         self.count = 0
 
     def node_ids(self) -> list[int]:
@@ -37,6 +50,7 @@ class InProcessTransport:
         message_type: str,
         config: Mapping[str, Any],
         arrays: Mapping[str, np.ndarray] | None = None,
+        sets: ArraySets | None = None,
     ) -> str:
         self.count += 1
         msg_id = f"local-{self.count}"
@@ -44,17 +58,27 @@ class InProcessTransport:
         if message_type == MSG_QUERY:
             self.replies[msg_id] = Reply(msg_id, metrics={ReplyKeys.PARTITION_ID: partition})
         elif message_type == MSG_TRAIN:
-            metrics, result = self.train(partition, config, dict(arrays or {}))
-            self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result)
+            metrics, result, outputs = self.client_work(
+                self.train_fn,
+                partition,
+                config,
+                dict(arrays or {}),
+                sets,
+                self.states.setdefault(partition, {}),
+            )
+            self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)
+        elif message_type == MSG_EVALUATE:
+            metrics = self.client_work(self.evaluate_fn, partition, config, dict(arrays or {}))
+            self.replies[msg_id] = Reply(msg_id, metrics=metrics)
         else:
             raise ValueError(f"the in-process transport does not run '{message_type}' tasks")
         return msg_id
 
-    def train(self, partition: int, config: Mapping[str, Any], arrays: dict) -> tuple[dict, dict]:
+    def client_work(self, work: Callable[..., Any], *args: Any) -> Any:
         """The client's work (which sets `client-threads`); the server keeps its threads."""
         server_threads = torch.get_num_threads()
         try:
-            return train_task(self.run, partition, config, arrays)
+            return work(self.run, *args)
         finally:
             torch.set_num_threads(server_threads)
 

@@ -55,19 +55,22 @@ class NodeBook:
                 self._register(self.queries.pop(reply.msg_id), reply)
 
     def _register(self, node: int, reply: Reply) -> None:
-        if reply.error_code is not None or reply.invalid:
-            log.warning("node %d did not answer its query: %s", node, reply.error or reply.invalid)
-            return
+        """Book the node's client, or refuse the node once, with one line, for the run (a
+        restarted node comes back with a new id and is asked again)."""
         client = reply.metrics.get(ReplyKeys.PARTITION_ID)
-        if not isinstance(client, int) or not 0 <= client < self.num_clients:
-            log.error(
-                "node %d reports partition-id %r, outside 0..%d; it gets no work",
-                node,
-                client,
-                self.num_clients - 1,
-            )
+        if reply.problem:
+            problem = reply.problem
+        elif reply.error_code is not None or reply.invalid:
+            problem = f"its query failed ({reply.error or reply.invalid}); check its log"
+        elif not isinstance(client, int) or not 0 <= client < self.num_clients:
+            problem = f"it reports partition-id {client!r}, outside 0..{self.num_clients - 1}"
+        else:
+            problem = ""
+        if problem:
+            log.error("node %d gets no work: %s", node, problem)
             self.refused.add(node)
             return
+        assert isinstance(client, int)
         previous = self.node_of.get(client)
         if previous is not None and previous in self.client_of:
             log.warning("node %d also claims client %d (held by node %d)", node, client, previous)

@@ -93,7 +93,9 @@ class RunRecorder:
             {k: torch.from_numpy(np.array(v)) for k, v in state.items()}, self.dir / "model.pt"
         )
 
-    def plot(self, title: str, times: list[float], accuracies: list[float]) -> None:
+    def plot(
+        self, title: str, times: list[float], accuracies: list[float], ylabel: str = "test accuracy"
+    ) -> None:
         import matplotlib
 
         matplotlib.use("Agg")
@@ -102,7 +104,7 @@ class RunRecorder:
         fig, ax = plt.subplots(figsize=(6, 4))
         ax.plot(times, accuracies, marker=".", linewidth=1.2)
         ax.set_xlabel("virtual time (units)")
-        ax.set_ylabel("test accuracy")
+        ax.set_ylabel(ylabel)
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()

@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
-from common.records import from_array_record, to_array_record
-from common.schema import ARRAYS, CONFIG, METRICS
+from common.records import ArraySets, decode_sets, from_array_record, message_content
+from common.schema import ARRAYS, CONFIG, METRICS, ReplyKeys
 
 log = logging.getLogger("fedstale")
 
@@ -38,15 +38,18 @@ UNCLAIMED_SECONDS = 60.0
 
 @dataclass
 class Reply:
-    """A reply to message `msg_id`: an error, or metrics with optional arrays.
-    `invalid` is set when the content does not even have the expected record types."""
+    """A reply to message `msg_id`: an error, or metrics with optional arrays (the main set)
+    and other named array sets. `invalid` is set when the content does not even have the
+    expected record types; `problem` is a node's own account of why it cannot serve."""
 
     msg_id: str
     error_code: int | None = None
     error: str = ""
     metrics: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, np.ndarray] | None = None
+    sets: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     invalid: str = ""
+    problem: str = ""
 
 
 class SendRefused(RuntimeError):
@@ -54,6 +57,10 @@ class SendRefused(RuntimeError):
 
 
 class Transport(Protocol):
+    # True where the federation is simulated (Flower simulation, in-process): the server
+    # can score per-client models itself instead of sending evaluate messages.
+    simulated: bool
+
     def node_ids(self) -> list[int]: ...
 
     def send(
@@ -62,33 +69,30 @@ class Transport(Protocol):
         message_type: str,
         config: Mapping[str, Any],
         arrays: Mapping[str, np.ndarray] | None = None,
+        sets: ArraySets | None = None,
     ) -> str: ...
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]: ...
-
-
-def _content(config: Mapping[str, Any], arrays: Mapping[str, np.ndarray] | None) -> RecordDict:
-    content = RecordDict({CONFIG: ConfigRecord(dict(config))})
-    if arrays is not None:
-        content[ARRAYS] = to_array_record(arrays)
-    return content
 
 
 def reply_from_message(msg: Message) -> Reply:
     msg_id = msg.metadata.reply_to_message_id
     if msg.has_error():
         return Reply(msg_id, error_code=int(msg.error.code), error=str(msg.error.reason))
+    config = msg.content.get(CONFIG)
+    problem = str(config.get(ReplyKeys.PROBLEM, "")) if isinstance(config, ConfigRecord) else ""
     metrics = msg.content.get(METRICS)
     if not isinstance(metrics, MetricRecord):
-        return Reply(msg_id, invalid="reply has no MetricRecord 'metrics'")
+        return Reply(msg_id, invalid="reply has no MetricRecord 'metrics'", problem=problem)
     arrays = msg.content.get(ARRAYS)
     if arrays is not None and not isinstance(arrays, ArrayRecord):
         return Reply(msg_id, invalid="reply's 'arrays' is not an ArrayRecord")
     try:
         decoded = None if arrays is None else from_array_record(arrays)
+        sets = decode_sets(msg.content)
     except (ValueError, TypeError) as err:
         return Reply(msg_id, invalid=f"reply's arrays cannot be decoded: {err}")
-    return Reply(msg_id, metrics=dict(metrics), arrays=decoded)
+    return Reply(msg_id, metrics=dict(metrics), arrays=decoded, sets=sets, problem=problem)
 
 
 class Pull:
@@ -121,6 +125,7 @@ class GridTransport:
 
     def __init__(self, grid: Grid, ttl: float, pull_wait: float = PULL_WAIT_SECONDS) -> None:
         self.grid = grid
+        self.simulated = type(grid).__name__ == "InMemoryGrid"  # Flower simulation's Grid
         self.ttl = ttl
         self.pull_wait = pull_wait
         self.pulls: list[Pull] = []
@@ -135,10 +140,10 @@ class GridTransport:
         message_type: str,
         config: Mapping[str, Any],
         arrays: Mapping[str, np.ndarray] | None = None,
+        sets: ArraySets | None = None,
     ) -> str:
-        message = Message(
-            _content(config, arrays), dst_node_id=node_id, message_type=message_type, ttl=self.ttl
-        )
+        content = message_content(config, arrays, sets)
+        message = Message(content, dst_node_id=node_id, message_type=message_type, ttl=self.ttl)
         ids = list(self.grid.push_messages([message]))
         if not ids or not ids[0]:
             raise SendRefused(f"the SuperLink refused a {message_type} message to node {node_id}")

@@ -1,9 +1,21 @@
-"""The contract between the engine and an aggregation rule.
+"""The contract between the engine and an aggregation rule (second edition).
 
-A strategy is plain math over flat float32 parameter vectors. The engine tells it when a
-task is dispatched, lost, or returns an update; the strategy says what a client receives,
-whether the engine may dispatch now (synchronous rules hold dispatch until a round
-closes), and whether the global model changed. It knows nothing of time, nodes or Flower.
+A strategy is plain math over flat float32 parameter vectors. It knows nothing of time,
+nodes or Flower; at each decision the engine shows it a `View` (the global version, the idle
+clients, the tasks in flight and their staleness, how many tasks may start now).
+
+- Dispatch: `plan(view, rng)` returns the `Assignment`s to make now: the client, the model
+  or models it starts from (named flat vectors), its task entries and optimiser settings.
+  The default plan is uniform among idle clients, up to the capacity; a synchronous rule
+  plans per round (FedAvg), per edge, or every client at once.
+- Replies: `on_update(update, view)` consumes one validated update and returns an
+  `Outcome`: whether the global model changed, one record per update whose weight became
+  known, and optionally tasks in flight to supersede with the replacements to dispatch.
+- Evaluation: `evaluates` says whether the global model or one model per client
+  (`model_of`) is scored; per client, each on that client's own split.
+- Replies may carry named array sets beyond the main one (`reply_sets`), each checked
+  against the model's layout.
+- Checkpoints: `state()` / `load_state()` name what the rule must keep across a restart.
 """
 
 from __future__ import annotations
@@ -15,7 +27,10 @@ from typing import Any, ClassVar
 import numpy as np
 
 from common.config import KebabModel, RunConfig
-from common.schema import RETURN_DELTA, SignalSpec
+from common.schema import ARRAYS, RETURN_DELTA, SignalSpec
+
+EVAL_GLOBAL = "global"
+EVAL_PER_CLIENT = "per-client"
 
 
 class NoParams(KebabModel):
@@ -24,7 +39,8 @@ class NoParams(KebabModel):
 
 @dataclass(frozen=True)
 class Update:
-    """One validated client result. `vector` is the delta or the model, per `returns`."""
+    """One validated client result. `vector` is the delta or the model, per `returns`;
+    `sets` holds the reply's other named array sets, flattened."""
 
     client: int
     task_id: int
@@ -34,15 +50,55 @@ class Update:
     vector: np.ndarray
     signals: dict[str, Any] = field(default_factory=dict)
     compute_seconds: float = 0.0
+    sets: dict[str, np.ndarray] = field(default_factory=dict)
+    arrivals: int = 0  # updates accepted between this task's dispatch and its arrival
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A task in flight: `staleness` in global versions, `arrivals` in updates the server
+    has accepted since the task was dispatched."""
+
+    task_id: int
+    client: int
+    base_version: int
+    staleness: int
+    arrivals: int
+
+
+@dataclass(frozen=True)
+class View:
+    """What the engine shows a strategy at a decision."""
+
+    version: int = 0
+    idle: tuple[int, ...] = ()
+    in_flight: tuple[InFlight, ...] = ()
+    capacity: int = 0
+
+
+@dataclass
+class Assignment:
+    """A task to dispatch. `models`: named flat vectors the client starts from (the main
+    set under `ARRAYS`); `entries`: the rule's task-config entries; `settings`: TaskSpec
+    fields to override (lr, momentum, proximal_mu, ...)."""
+
+    client: int
+    models: dict[str, np.ndarray]
+    entries: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class Outcome:
     """`changed`: the global model moved (the engine bumps the version).
-    `records`: one dict per update whose aggregation weight became known now."""
+    `records`: one dict per update whose aggregation weight became known now.
+    `supersede`: ids of tasks in flight whose replies must be discarded;
+    `dispatch`: assignments to send at once (replacements for superseded tasks)."""
 
     changed: bool = False
     records: list[dict[str, Any]] = field(default_factory=list)
+    supersede: list[int] = field(default_factory=list)
+    dispatch: list[Assignment] = field(default_factory=list)
 
 
 def update_record(update: Update, weight: float, **signals: Any) -> dict[str, Any]:
@@ -59,24 +115,38 @@ class Strategy(ABC):
     name: ClassVar[str]
     returns: ClassVar[str] = RETURN_DELTA
     Params: ClassVar[type[KebabModel]] = NoParams
+    evaluates: ClassVar[str] = EVAL_GLOBAL
+    reply_sets: ClassVar[tuple[str, ...]] = ()  # named array sets beyond the main one
 
     def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
         self.run = run
         self.params = params
         self.model = np.array(initial, dtype=np.float32, copy=True)
-        self.version = 0  # the global version, kept current by the engine
 
-    def step_scale(self) -> float:
+    def step_scale(self, version: int) -> float:
         """Factor on a buffered rule's server step. `spec`: 1 (the papers' equations).
         `client-lr`: the current client learning rate lr0 * decay^version, as FLGo (the
         FedPSA paper's harness) applies a buffer: `w -= lr * mean(w_start - w_i)`."""
         if self.run.server_step == "spec":
             return 1.0
-        return self.run.lr * self.run.lr_decay**self.version
+        return self.run.lr * self.run.lr_decay**version
 
     @classmethod
     def check(cls, run: RunConfig, params: KebabModel) -> None:
         """Raise ValueError on a combination of settings this rule cannot run with."""
+
+    # ------------------------------------------------------------ dispatch
+    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+        """Uniformly random idle clients, up to the capacity (FLGo's asynchronous rule)."""
+        return [self.assign(c, view) for c in pick_uniform(view.idle, view.capacity, rng)]
+
+    def assign(self, client: int, view: View) -> Assignment:
+        return Assignment(
+            client,
+            {ARRAYS: self.model_for(client)},
+            self.task_extra(client),
+            {"proximal_mu": self.proximal_mu(client)},
+        )
 
     def model_for(self, client: int) -> np.ndarray:
         """The parameters a task for `client` starts from."""
@@ -89,6 +159,13 @@ class Strategy(ABC):
         """Strategy-specific entries of the task's ConfigRecord."""
         return {}
 
+    def on_dispatch(self, client: int) -> None:
+        """A task for `client` was sent."""
+
+    def on_task_lost(self, client: int) -> None:
+        """A task for `client` ended without a usable update (error, dead node, rejected)."""
+
+    # ------------------------------------------------------------ replies
     def signals(self) -> dict[str, SignalSpec]:
         """Metrics every train reply must carry for this rule, beyond the common ones."""
         return {}
@@ -96,15 +173,29 @@ class Strategy(ABC):
     def validate(self, update: Update) -> None:
         """Raise common.schema.InvalidReply when an update's signals do not hold up."""
 
-    def may_dispatch(self) -> bool:
-        return True
-
-    def on_dispatch(self, client: int) -> None:
-        """A task for `client` was sent."""
-
-    def on_task_lost(self, client: int) -> None:
-        """A task for `client` ended without a usable update (error, dead node, rejected)."""
-
     @abstractmethod
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         """Consume one update."""
+
+    # ------------------------------------------------------------ evaluation
+    def model_of(self, client: int) -> np.ndarray:
+        """The model scored on `client`'s own split under per-client evaluation."""
+        return self.model
+
+    # ------------------------------------------------------------ checkpoints
+    def state(self) -> dict[str, Any]:
+        """Everything the rule needs to go on after a restart (picklable)."""
+        return {"model": self.model}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.model = state["model"]
+
+
+def pick_uniform(
+    candidates: tuple[int, ...] | list[int], count: int, rng: np.random.Generator
+) -> list[int]:
+    """Up to `count` distinct clients, each drawn uniformly among those left."""
+    left, picked = list(candidates), []
+    while left and len(picked) < count:
+        picked.append(left.pop(int(rng.integers(len(left)))))
+    return picked

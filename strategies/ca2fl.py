@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from common.config import KebabModel
-from strategies.base import Outcome, Strategy, Update, update_record
+from strategies.base import Outcome, Strategy, Update, View, update_record
 
 
 class CA2FLParams(KebabModel):
@@ -34,13 +34,13 @@ class CA2FL(Strategy):
         self.accumulator = np.zeros(size, dtype=np.float64)
         self.arrived: list[Update] = []
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.accumulator += update.vector.astype(np.float64) - self.cache[update.client]
         self.cache[update.client] = update.vector
         self.arrived.append(update)
         if len(self.arrived) < self.run.buffer_size:
             return Outcome()
-        eta = self.params.ca2fl_server_lr * self.step_scale()
+        eta = self.params.ca2fl_server_lr * self.step_scale(view.version)
         step = self.cache_mean + self.accumulator / self.run.buffer_size
         self.model = (self.model + eta * step).astype(np.float32)
         self.cache_mean = self.cache.astype(np.float64).mean(axis=0)
@@ -49,3 +49,17 @@ class CA2FL(Strategy):
         records = [update_record(u, weight) for u in self.arrived]
         self.arrived = []
         return Outcome(changed=True, records=records)
+
+    def state(self) -> dict[str, Any]:
+        return {
+            **super().state(),
+            "cache": self.cache,
+            "cache_mean": self.cache_mean,
+            "accumulator": self.accumulator,
+            "arrived": self.arrived,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.cache, self.cache_mean = state["cache"], state["cache_mean"]
+        self.accumulator, self.arrived = state["accumulator"], state["arrived"]

@@ -1,30 +1,42 @@
 """FedAvg (McMahan et al. 2017), the synchronous baseline.
 
 A round dispatches C clients, waits for all of them, then w = sum_i n_i w_i / sum_i n_i.
-On the virtual clock a round lasts as long as its slowest sampled client. A lost task is
-replaced by a fresh dispatch so that every round still closes with C updates.
+The round barrier is the plan: nothing is dispatched while a round is open, except a
+replacement for a lost task, so that every round still closes with C updates. On the
+virtual clock a round lasts as long as its slowest sampled client.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from common.schema import RETURN_MODEL
-from strategies.base import Outcome, Strategy, Update, update_record
+from strategies.base import (
+    Assignment,
+    Outcome,
+    Strategy,
+    Update,
+    View,
+    pick_uniform,
+    update_record,
+)
 
 
 class FedAvg(Strategy):
     name = "fedavg"
     returns = RETURN_MODEL
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.round_size = self.run.concurrency
         self.dispatched = 0
         self.received: list[Update] = []
 
-    def may_dispatch(self) -> bool:
-        return self.dispatched < self.round_size
+    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+        open_slots = min(view.capacity, self.round_size - self.dispatched)
+        return [self.assign(c, view) for c in pick_uniform(view.idle, open_slots, rng)]
 
     def on_dispatch(self, client: int) -> None:
         self.dispatched += 1
@@ -32,7 +44,7 @@ class FedAvg(Strategy):
     def on_task_lost(self, client: int) -> None:
         self.dispatched -= 1
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.received.append(update)
         if len(self.received) < self.round_size:
             return Outcome()
@@ -43,3 +55,10 @@ class FedAvg(Strategy):
         records = [update_record(u, w) for u, w in zip(self.received, weights, strict=True)]
         self.received, self.dispatched = [], 0
         return Outcome(changed=True, records=records)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "dispatched": self.dispatched, "received": self.received}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.dispatched, self.received = state["dispatched"], state["received"]

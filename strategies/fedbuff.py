@@ -6,11 +6,16 @@ w <- w + eta_g * (1/K) * sum_i (1 + tau_i)^-0.5 * delta_i (weights not renormali
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from pydantic import Field
 
 from common.config import KebabModel
-from strategies.base import Outcome, Strategy, Update, update_record
+from strategies.base import Outcome, Strategy, Update, View, update_record
+from strategies.staleness import Staleness
+
+DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
 
 
 class FedBuffParams(KebabModel):
@@ -22,22 +27,29 @@ class FedBuff(Strategy):
     Params = FedBuffParams
     params: FedBuffParams
 
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.buffer: list[Update] = []
 
-    def weight(self, staleness: int) -> float:
+    def weight(self, staleness: int, version: int) -> float:
         size = self.run.buffer_size
-        eta = self.params.fedbuff_server_lr * self.step_scale()
-        return eta / size * (1.0 + staleness) ** -0.5
+        eta = self.params.fedbuff_server_lr * self.step_scale(version)
+        return eta / size * DISCOUNT(staleness)
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.buffer.append(update)
         if len(self.buffer) < self.run.buffer_size:
             return Outcome()
-        weights = np.array([self.weight(u.staleness) for u in self.buffer])
+        weights = np.array([self.weight(u.staleness, view.version) for u in self.buffer])
         step = weights @ np.stack([u.vector for u in self.buffer]).astype(np.float64)
         self.model = (self.model + step).astype(np.float32)
         records = [update_record(u, w) for u, w in zip(self.buffer, weights, strict=True)]
         self.buffer = []
         return Outcome(changed=True, records=records)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "buffer": self.buffer}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.buffer = state["buffer"]

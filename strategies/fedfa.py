@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from common.schema import RETURN_MODEL
-from strategies.base import Outcome, Strategy, Update, update_record
+from strategies.base import Outcome, Strategy, Update, View, update_record
 
 
 class FedFa(Strategy):
@@ -23,7 +23,14 @@ class FedFa(Strategy):
         super().__init__(*args, **kwargs)
         self.window: deque[np.ndarray] = deque(maxlen=self.run.buffer_size)
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.window.append(update.vector.astype(np.float32))
         self.model = np.mean(np.stack(self.window).astype(np.float64), axis=0).astype(np.float32)
         return Outcome(changed=True, records=[update_record(update, 1.0 / len(self.window))])
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "window": list(self.window)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.window = deque(state["window"], maxlen=self.run.buffer_size)

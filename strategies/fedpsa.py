@@ -27,7 +27,7 @@ from pydantic import Field
 
 from common.config import KebabModel, RunConfig
 from common.schema import InvalidReply, SignalKeys, SignalSpec
-from strategies.base import Outcome, Strategy, Update, update_record
+from strategies.base import Outcome, Strategy, Update, View, update_record
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
 Sketcher = Callable[[np.ndarray], np.ndarray]  # flat global model -> its k-float sketch
@@ -167,7 +167,7 @@ class FedPSA(Strategy):
             return np.full(len(kappas), 1.0 / len(kappas)), temp
         return softmax(kappas, temp), temp
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.observe(update)
         self.buffer.append(update)
         if len(self.buffer) < self.run.buffer_size:
@@ -179,7 +179,7 @@ class FedPSA(Strategy):
             [cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in self.buffer]
         )
         weights, temp = self.weights(kappas)
-        weights = weights * self.step_scale()
+        weights = weights * self.step_scale(view.version)
         step = weights @ np.stack([u.vector for u in self.buffer]).astype(np.float64)
         alignments = self.alignments()
         self.model = (self.model + step).astype(np.float32)
@@ -189,8 +189,8 @@ class FedPSA(Strategy):
         ]
         self.buffer = []
         if self.params.fedpsa_diagnostic:
-            self.history[self.version + 1] = self.model.copy()
-            self.history.pop(self.version + 1 - HISTORY, None)
+            self.history[view.version + 1] = self.model.copy()
+            self.history.pop(view.version + 1 - HISTORY, None)
         return Outcome(changed=True, records=records)
 
     def alignments(self) -> list[dict[str, float]]:
@@ -205,3 +205,20 @@ class FedPSA(Strategy):
             zip((u.task_id for u in scored), self.align(clients, self.model), strict=True)
         )
         return [{"align": values[u.task_id]} if u.task_id in values else {} for u in self.buffer]
+
+    def state(self) -> dict[str, Any]:
+        """The bound sketcher, aligner and real batch are rebound by the server on resume."""
+        return {
+            **super().state(),
+            "buffer": self.buffer,
+            "queue": list(self.queue),
+            "m0": self.m0,
+            "calib_holders": set(self.calib_holders),
+            "history": self.history,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.buffer, self.m0, self.history = state["buffer"], state["m0"], state["history"]
+        self.queue = deque(state["queue"], maxlen=self.params.fedpsa_queue)
+        self.calib_holders = set(state["calib_holders"])

@@ -10,7 +10,9 @@ import numpy as np
 from common.config import RunConfig
 from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
 from server_app.transport import Reply
-from strategies.base import Update
+from strategies.base import Update, View
+
+V0 = View()  # the view of a strategy at version 0, for unit tests of on_update
 
 
 def run_config(**overrides: Any) -> RunConfig:
@@ -30,12 +32,15 @@ def update(vector: list[float], staleness: int = 0, client: int = 0, n: int = 1)
 
 
 TrainFn = Callable[[int, Mapping[str, Any], dict[str, np.ndarray]], tuple[dict, dict | None]]
+# A TrainFn may return a third item: the reply's other named array sets.
 
 
 class ScriptedTransport:
     """Answers queries with the node's partition and train tasks with `train_fn`; each reply
     becomes visible only after a random number of `receive` calls, so replies arrive in
     an order unrelated to virtual finish times."""
+
+    simulated = True
 
     def __init__(
         self,
@@ -57,7 +62,7 @@ class ScriptedTransport:
     def node_ids(self) -> list[int]:
         return sorted(self.nodes)
 
-    def send(self, node_id, message_type, config, arrays=None) -> str:  # type: ignore[no-untyped-def]
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
         self.counter += 1
         msg_id = f"m{self.counter}"
         self.sent.append((node_id, message_type, dict(config)))
@@ -67,8 +72,8 @@ class ScriptedTransport:
         elif message_type == MSG_TRAIN and config[TaskKeys.TASK_ID] in self.errors:
             reply = Reply(msg_id, error_code=5, error="node unavailable")
         else:
-            metrics, out = self.train_fn(partition, config, dict(arrays or {}))
-            reply = Reply(msg_id, metrics=metrics, arrays=out)
+            metrics, out, *named = self.train_fn(partition, config, dict(arrays or {}))
+            reply = Reply(msg_id, metrics=metrics, arrays=out, sets=named[0] if named else {})
         self.pending[msg_id] = (int(self.rng.integers(0, self.max_delay + 1)), reply)
         return msg_id
 

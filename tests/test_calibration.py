@@ -15,7 +15,7 @@ from common.models import build_model, get_flat, set_flat
 from common.schema import SignalKeys
 from common.sensitivity import loss_gradient, sketch_for_task
 from server_app.experiment import bind_server_signals, diagnostic_batch
-from strategies.base import Update
+from strategies.base import Update, View
 from strategies.fedpsa import FedPSA, FedPSAParams
 from tests.helpers import run_config
 
@@ -106,12 +106,12 @@ def test_real_batch_is_deterministic_distinct_and_checked() -> None:
         decode({**entries, SignalKeys.CALIB_X: bytes(tampered)}, (1, 2))
 
 
-def psa_update(strategy: FedPSA, delta: np.ndarray, task: int, base: int) -> Update:
+def psa_update(version: int, delta: np.ndarray, task: int, base: int) -> Update:
     return Update(
         client=task,
         task_id=task,
         base_version=base,
-        staleness=strategy.version - base,
+        staleness=version - base,
         num_examples=1,
         vector=delta.astype(np.float32),
         signals={
@@ -126,12 +126,11 @@ def test_diagnostic_alignment_equals_eq22_by_hand() -> None:
     w0 = strategy.model.copy()
     rng = np.random.default_rng(0)
     deltas = [rng.normal(0, 0.05, w0.size) for _ in range(4)]
-    strategy.on_update(psa_update(strategy, deltas[0], 0, 0))
-    first = strategy.on_update(psa_update(strategy, deltas[1], 1, 0))
-    strategy.version = 1
+    strategy.on_update(psa_update(0, deltas[0], 0, 0), View(version=0))
+    first = strategy.on_update(psa_update(0, deltas[1], 1, 0), View(version=0))
     w1 = strategy.model.copy()
-    strategy.on_update(psa_update(strategy, deltas[2], 2, 1))
-    second = strategy.on_update(psa_update(strategy, deltas[3], 3, 0))  # stale: base 0
+    strategy.on_update(psa_update(1, deltas[2], 2, 1), View(version=1))
+    second = strategy.on_update(psa_update(1, deltas[3], 3, 0), View(version=1))  # stale: base 0
 
     run = strategy.run
     x, y = diagnostic_batch(run)

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from client_app.task import evaluate_task, train_task
 from common.config import ConfigError
 from common.schema import MSG_TRAIN
 from server_app import checkpoint
@@ -32,15 +33,15 @@ class FirstModelSeen(InProcessTransport):
 
     first: np.ndarray | None = None
 
-    def send(self, node_id, message_type, config, arrays=None):  # type: ignore[no-untyped-def]
+    def send(self, node_id, message_type, config, arrays=None, sets=None):  # type: ignore[no-untyped-def]
         if message_type == MSG_TRAIN and self.first is None:
             self.first = np.concatenate([np.ravel(a) for a in arrays.values()])
-        return super().send(node_id, message_type, config, arrays)
+        return super().send(node_id, message_type, config, arrays, sets)
 
 
 def run(tmp_path: Path, name: str, **values: object) -> tuple[dict, FirstModelSeen]:
     config, params = load_config({**BASE, "runs-dir": str(tmp_path), "run-name": name, **values})
-    transport = FirstModelSeen(config)
+    transport = FirstModelSeen(config, train_task, evaluate_task)
     return run_experiment(config, params, transport), transport
 
 

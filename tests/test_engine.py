@@ -12,9 +12,10 @@ import pytest
 from common.latency import profile_for
 from common.models import ParamLayout
 from common.schema import MSG_TRAIN
+from server_app.clock import Task
 from server_app.engine import Engine, EngineError
 from server_app.transport import SendRefused
-from strategies.base import NoParams, Outcome, Strategy, Update, update_record
+from strategies.base import Assignment, NoParams, Outcome, Strategy, Update, View, update_record
 from strategies.fedavg import FedAvg
 from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
 
@@ -30,15 +31,27 @@ class Recording(Strategy):
         super().__init__(*args, **kwargs)
         self.seen: list[Update] = []
 
-    def on_update(self, update: Update) -> Outcome:
+    def on_update(self, update: Update, view: View) -> Outcome:
         self.seen.append(update)
         self.model = self.model + update.vector
         return Outcome(changed=True, records=[update_record(update, 1.0)])
 
 
+class TaskHistoryEngine(Engine):
+    """Keeps every task it dispatched, so that tests can read dispatch times."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.history: dict[int, Task] = {}
+
+    def _dispatch(self, assignment: Assignment) -> None:
+        super()._dispatch(assignment)
+        self.history.update(self.tasks)
+
+
 def make_engine(
     transport: ScriptedTransport, strategy_cls: type[Strategy] = Recording, **overrides: Any
-) -> Engine:
+) -> TaskHistoryEngine:
     settings = {
         "num-clients": 6,
         "concurrency": 3,
@@ -53,7 +66,7 @@ def make_engine(
     strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
     latency = profile_for(run)
     evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
-    return Engine(run, strategy, transport, LAYOUT, latency, evaluator, ListRecorder())
+    return TaskHistoryEngine(run, strategy, transport, LAYOUT, latency, evaluator, ListRecorder())
 
 
 def finish_order(engine: Engine, transport: ScriptedTransport) -> list[int]:
@@ -75,7 +88,7 @@ def test_completions_are_handled_in_virtual_time_order() -> None:
         )
 
 
-def engine_dispatch_time(engine: Engine, task_id: int) -> float:
+def engine_dispatch_time(engine: TaskHistoryEngine, task_id: int) -> float:
     return engine.history[task_id].dispatched_at
 
 
@@ -100,9 +113,9 @@ def test_at_most_concurrency_tasks_and_one_per_client() -> None:
     engine = make_engine(transport)
     original_dispatch = engine.dispatch
 
-    def checked_dispatch(client: int) -> None:
-        assert client not in engine.busy
-        original_dispatch(client)
+    def checked_dispatch(assignment: Assignment) -> None:
+        assert assignment.client not in engine.busy
+        original_dispatch(assignment)
         assert len(engine.tasks) <= engine.run.concurrency
 
     engine.dispatch = checked_dispatch  # type: ignore[method-assign]
@@ -251,12 +264,12 @@ class RefusingOnce(ScriptedTransport):
         super().__init__(*args, **kwargs)
         self.refused_node: int | None = None
 
-    def send(self, node_id, message_type, config, arrays=None) -> str:  # type: ignore[no-untyped-def]
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
         if message_type == MSG_TRAIN and self.refused_node is None:
             self.refused_node = node_id
             del self.nodes[node_id]
             raise SendRefused(f"the SuperLink refused a train message to node {node_id}")
-        return super().send(node_id, message_type, config, arrays)
+        return super().send(node_id, message_type, config, arrays, sets)
 
 
 def test_refused_push_drops_the_node_and_the_run_goes_on(caplog: pytest.LogCaptureFixture) -> None:
@@ -281,9 +294,9 @@ def test_prefetch_queues_at_most_one_extra_task_per_client() -> None:
     original_dispatch = engine.dispatch
     most = 0
 
-    def checked_dispatch(client: int) -> None:
+    def checked_dispatch(assignment: Assignment) -> None:
         nonlocal most
-        original_dispatch(client)
+        original_dispatch(assignment)
         per_client = [t.client for t in engine.tasks.values()]
         assert max(per_client.count(c) for c in per_client) <= 2
         most = max(most, len(engine.tasks))

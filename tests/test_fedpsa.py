@@ -21,12 +21,12 @@ from common.sensitivity import (
     vmap_sensitivity,
 )
 from server_app.experiment import bind_server_signals
-from strategies.base import NoParams, Update
+from strategies.base import NoParams, Update, View
 from strategies.ca2fl import CA2FL, CA2FLParams
 from strategies.fedbuff import FedBuff, FedBuffParams
 from strategies.fedfa import FedFa
 from strategies.fedpsa import FedPSA, FedPSAParams, cosine
-from tests.helpers import run_config, update
+from tests.helpers import V0, run_config, update
 
 
 def psa_update(
@@ -56,16 +56,16 @@ def make_fedpsa(ablation: str = "none") -> FedPSA:
 
 def test_fedpsa_uniform_before_the_queue_fills_then_softmax() -> None:
     strategy = make_fedpsa()
-    assert not strategy.on_update(psa_update([1, 0], [1, 0])).changed
-    first = strategy.on_update(psa_update([0, 1], [0, 1]))
+    assert not strategy.on_update(psa_update([1, 0], [1, 0]), V0).changed
+    first = strategy.on_update(psa_update([0, 1], [0, 1]), V0)
     # queue [1, 1] not full yet: uniform weights 1/2
     assert [r["weight"] for r in first.records] == [0.5, 0.5]
     np.testing.assert_allclose(strategy.model, [0.5, 0.5])
     assert strategy.m0 is None
 
-    strategy.on_update(psa_update([2, 0], [1, 0]))  # queue [1, 1, 4] full: M_0 = 2
+    strategy.on_update(psa_update([2, 0], [1, 0]), V0)  # queue [1, 1, 4] full: M_0 = 2
     assert strategy.m0 == pytest.approx(2.0)
-    second = strategy.on_update(psa_update([0, 1], [0, 1]))  # queue [1, 4, 1]: M_cur = 2
+    second = strategy.on_update(psa_update([0, 1], [0, 1]), V0)  # queue [1, 4, 1]: M_cur = 2
     # Temp = 5 * 2 / 2 + 0.5 = 5.5; kappa = [1, 0]; softmax([1, 0] / 5.5)
     e = math.exp(1 / 5.5)
     weights = [e / (e + 1), 1 / (e + 1)]
@@ -78,7 +78,7 @@ def test_fedpsa_uniform_before_the_queue_fills_then_softmax() -> None:
 def test_fedpsa_thermometer_cools_as_updates_shrink() -> None:
     strategy = make_fedpsa()
     for delta in ([2, 0], [0, 2], [2, 0]):  # m = 4, 4, 4 -> M_0 = 4
-        strategy.on_update(psa_update(delta, [1, 0]))
+        strategy.on_update(psa_update(delta, [1, 0]), V0)
     for delta in ([1, 0], [0, 1], [1, 0]):  # m = 1 -> M_cur = 1
         strategy.observe(psa_update(delta, [1, 0]))
     assert strategy.temperature() == pytest.approx(5 * 1 / 4 + 0.5)
@@ -103,13 +103,13 @@ def test_cosine_clamps_zero_norms() -> None:
 
 def test_ca2fl_by_hand() -> None:
     strategy = CA2FL(run_config(num_clients=3, buffer_size=2), CA2FLParams(), np.zeros(2))
-    strategy.on_update(update([2, 0], client=0))
-    assert strategy.on_update(update([0, 4], client=1)).changed
+    strategy.on_update(update([2, 0], client=0), V0)
+    assert strategy.on_update(update([0, 4], client=1), V0).changed
     # first flush: v = S / K = ([2, 0] + [0, 4]) / 2
     np.testing.assert_allclose(strategy.model, [1, 2])
     np.testing.assert_allclose(strategy.cache_mean, [2 / 3, 4 / 3])
-    strategy.on_update(update([4, 0], client=0))  # S = [4, 0] - h_0 = [2, 0]
-    strategy.on_update(update([3, 3], client=2))  # S = [5, 3]
+    strategy.on_update(update([4, 0], client=0), V0)  # S = [4, 0] - h_0 = [2, 0]
+    strategy.on_update(update([3, 3], client=2), V0)  # S = [5, 3]
     # v = h + S / K = [2/3, 4/3] + [2.5, 1.5]
     np.testing.assert_allclose(strategy.model, [1 + 2 / 3 + 2.5, 2 + 4 / 3 + 1.5], rtol=1e-6)
     np.testing.assert_allclose(strategy.cache_mean, [7 / 3, 7 / 3], rtol=1e-6)
@@ -118,7 +118,7 @@ def test_ca2fl_by_hand() -> None:
 def test_fedfa_sliding_window_mean() -> None:
     strategy = FedFa(run_config(buffer_size=2), NoParams(), np.zeros(1))
     for model, expected in (([2.0], 2.0), ([4.0], 3.0), ([9.0], 6.5)):
-        assert strategy.on_update(update(model)).changed
+        assert strategy.on_update(update(model), V0).changed
         np.testing.assert_allclose(strategy.model, [expected])
 
 
@@ -208,27 +208,24 @@ def test_client_lr_server_step_scales_every_buffered_rule() -> None:
     scale = 0.1 * 0.5**3  # version 3
 
     fedbuff = FedBuff(run, FedBuffParams(), np.zeros(1))
-    fedbuff.version = 3
-    fedbuff.on_update(update([2.0], staleness=3))
-    fedbuff.on_update(update([4.0], staleness=0))
+    at_v3 = View(version=3)
+    fedbuff.on_update(update([2.0], staleness=3), at_v3)
+    fedbuff.on_update(update([4.0], staleness=0), at_v3)
     # scale / K * ((1 + 3) ** -0.5 * 2 + 4) = 0.0125 / 2 * 5
     np.testing.assert_allclose(fedbuff.model, [scale / 2 * 5], rtol=1e-6)
 
     ca2fl = CA2FL(run, CA2FLParams(), np.zeros(1))
-    ca2fl.version = 3
-    ca2fl.on_update(update([2.0], client=0))
-    ca2fl.on_update(update([4.0], client=1))
+    ca2fl.on_update(update([2.0], client=0), at_v3)
+    ca2fl.on_update(update([4.0], client=1), at_v3)
     np.testing.assert_allclose(ca2fl.model, [scale * 3], rtol=1e-6)  # scale * S / K
 
     fedpsa = FedPSA(run, FedPSAParams(fedpsa_queue=5), np.zeros(1))
     fedpsa.bind_sketcher(lambda flat: np.array([1.0, 0.0]))
-    fedpsa.version = 3
-    fedpsa.on_update(psa_update([2.0], [1, 0]))
-    outcome = fedpsa.on_update(psa_update([4.0], [0, 1]))
+    fedpsa.on_update(psa_update([2.0], [1, 0]), at_v3)
+    outcome = fedpsa.on_update(psa_update([4.0], [0, 1]), at_v3)
     # queue not full: uniform 1/2, times the scale
     assert [r["weight"] for r in outcome.records] == pytest.approx([scale / 2, scale / 2])
     np.testing.assert_allclose(fedpsa.model, [scale * 3], rtol=1e-6)
 
     spec = FedBuff(run_config(buffer_size=1), FedBuffParams(), np.zeros(1))
-    spec.version = 3
-    assert spec.step_scale() == 1.0
+    assert spec.step_scale(3) == 1.0

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from client_app.local import local_transport
 from server_app.cli import parse_pairs, tool
 from server_app.experiment import run_experiment
-from server_app.inprocess import InProcessTransport
 from server_app.results import read_jsonl
 from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
@@ -51,7 +51,7 @@ def test_tiny_run_beats_chance_and_replays_identically(
     # The same engine and client code in one process, without Flower: the same run.
     values = {**parse_pairs(TINY + " seed=5"), "run-name": "c", "runs-dir": str(tmp_path)}
     run, params = load_config(values)
-    run_experiment(run, params, InProcessTransport(run))
+    run_experiment(run, params, local_transport(run))
     assert without_wall(read_jsonl(tmp_path / "c" / "metrics.jsonl")) == metrics_a
     assert read_jsonl(tmp_path / "c" / "updates.jsonl") == read_jsonl(first_dir / "updates.jsonl")
 

@@ -43,6 +43,6 @@ def test_the_trainer_key_picks_the_client_sgd(trainer: str, monkeypatch) -> None
     cfg = run_config(dataset="fmnist", model="linear", trainer=trainer, device="cpu")
     model, layout = client_model(cfg)
     spec = TaskSpec(task_id=1, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
-    metrics, delta = train_task(cfg, 0, spec.to_config(), layout.unflatten(get_flat(model)))
+    metrics, delta, _ = train_task(cfg, 0, spec.to_config(), layout.unflatten(get_flat(model)))
     assert used == ["softmax_regression_step" if trainer == "auto" else "autograd_step"]
     assert metrics[ReplyKeys.TRAIN_LOSS] > 0 and any(abs(v).max() > 0 for v in delta.values())

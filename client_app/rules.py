@@ -1,0 +1,69 @@
+"""Client-side rules: what a strategy asks of a client beyond plain local training.
+
+A rule has a hook before training (it may add loss terms or read the client's kept state)
+and one after (it may add reply signals and named array sets). The registry is keyed by
+strategy name; a strategy without an entry trains plainly. The server-side half of each
+rule lives in strategies/<name>.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from client_app.training import LossTerm
+from common.config import RunConfig
+from common.federation import data_shape
+from common.models import ParamLayout
+from common.schema import SignalKeys, TaskSpec
+from common.sensitivity import sketch_for_task
+
+
+@dataclass
+class LocalTask:
+    """One task as the rules see it. `start`: the flat model the task starts from;
+    `inputs`: the other named sets it received (flat); `state`: arrays this client keeps
+    between tasks (Flower's Context.state; emulated per client in-process);
+    `loss_terms`, `signals` and `outputs` are what the rules add."""
+
+    cfg: RunConfig
+    partition: int
+    spec: TaskSpec
+    model: torch.nn.Module
+    layout: ParamLayout
+    start: np.ndarray
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    state: dict[str, np.ndarray] = field(default_factory=dict)
+    loss_terms: list[LossTerm] = field(default_factory=list)
+    signals: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+
+class ClientRule:
+    def before(self, task: LocalTask) -> None:
+        """Called with the start model loaded, before local training."""
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        """Called with the trained model loaded."""
+
+
+class SensitivitySketch(ClientRule):
+    """FedPSA (eq. 8, 11): the k-float sketch of the trained model's parameter sensitivity
+    on the shared calibration batch, and ||delta||^2 for the thermometer (eq. 16)."""
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        sketch = sketch_for_task(task.model, task.spec.extra, *data_shape(task.cfg))
+        task.signals[SignalKeys.SKETCH] = [float(v) for v in sketch]
+        task.signals[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
+
+
+RULES: dict[str, tuple[ClientRule, ...]] = {
+    "fedpsa": (SensitivitySketch(),),
+}
+
+
+def rules_for(strategy: str) -> tuple[ClientRule, ...]:
+    return RULES.get(strategy, ())
