@@ -177,8 +177,8 @@ SUITES = {
 
 def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
     """One run in this (worker) process; returns its summary and accuracy curve."""
-    from server_app.experiment import run_experiment
     from client_app.local import local_transport
+    from server_app.experiment import run_experiment
     from server_app.results import read_jsonl
     from strategies.registry import load_config
 

@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=400, help="tasks for the bare loop")
     parser.add_argument("--run-config", default="", help="extra key=value pairs for both")
     args = parser.parse_args()
-    from server_app.cli import parse_pairs
+    from server_app.launch import parse_pairs
 
     extra = parse_pairs(args.run_config)
     reference = bare_rate(extra, args.tasks)

@@ -17,95 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, RunConfig
+from server_app import deploy
+from server_app.checkpoint import CHECKPOINT_FILE
+from server_app.heartbeat import STALE_SECONDS, server_died
+from server_app.launch import flower_env, parse_pairs, resolve, to_flower, tool
 from server_app.results import runs_root
-from strategies.registry import load_config
-
-PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
-
-
-def parse_pairs(text: str) -> dict[str, Any]:
-    """`k=v k2=v2` -> dict, values read as TOML, bare words taken as strings."""
-    values: dict[str, Any] = {}
-    for key, raw in PAIR.findall(text or ""):
-        try:
-            values[key] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            values[key] = raw.strip("'\"")
-    leftover = PAIR.sub("", text or "").strip()
-    if leftover:
-        raise ConfigError(f"cannot read '{leftover}' in the config; write key=value pairs")
-    return values
-
-
-def to_flower(values: dict[str, Any]) -> str:
-    """dict -> the `k=v` string Flower parses (strings quoted)."""
-    parts = []
-    for key, value in values.items():
-        if isinstance(value, str):
-            parts.append(f'{key}="{value}"')
-        elif isinstance(value, bool):
-            parts.append(f"{key}={str(value).lower()}")
-        else:
-            parts.append(f"{key}={value}")
-    return " ".join(parts)
-
-
-def app_defaults(app: Path) -> dict[str, Any]:
-    pyproject = app / "pyproject.toml"
-    if not pyproject.is_file():
-        raise ConfigError(f"no pyproject.toml in {app}; pass --app with the fedstale directory")
-    return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
-
-
-def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
-    """Validated config and the overrides to hand to Flower (run name and runs dir set)."""
-    fused = {**app_defaults(app), **overrides}
-    run, _ = load_config(fused)
-    extra = dict(overrides)
-    if not run.run_name:
-        extra["run-name"] = (
-            f"{run.strategy}-{run.dataset}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
-    if not run.runs_dir:
-        extra["runs-dir"] = str(runs_root(str(app / "runs")))
-    run, _ = load_config({**fused, **extra})
-    return run, extra
-
-
-def flower_env(**extra: str) -> dict[str, str]:
-    """The environment Flower's processes need: this environment's console scripts first on
-    PATH (flwr starts `flower-superlink`, which starts `flower-superexec`, from PATH) and no
-    runtime dependency installation (else the SuperLink runs `uv sync`: a CUDA torch)."""
-    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-    return {
-        **os.environ,
-        "PATH": path,
-        "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-        **extra,
-    }
-
-
-def tool(name: str) -> str:
-    """A console script of this environment (beside the interpreter), else from PATH."""
-    beside = Path(sys.executable).parent / name
-    if beside.is_file():
-        return str(beside)
-    found = shutil.which(name)
-    if found is None:
-        raise ConfigError(f"'{name}' not found; install flwr[simulation]==1.41.0 (make setup)")
-    return found
 
 
 def flower_command(
@@ -130,12 +54,19 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     run, overrides = resolve(app, parse_pairs(run_config))
     command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
-    env = flower_env()
+    run_dir = runs_root(run.runs_dir) / run.run_name
     started = time.time()
-    subprocess.run(command, env=env, check=False)
-    summary = runs_root(run.runs_dir) / run.run_name / "summary.json"
+    flower = subprocess.Popen(command, env=flower_env())
+    died = False
+    while flower.poll() is None:
+        time.sleep(1.0)
+        if server_died(run_dir, started) and not (run_dir / "summary.json").is_file():
+            died = True
+            flower.terminate()  # only the streaming client; Flower notices the dead run later
+            flower.wait(30)
+    summary = run_dir / "summary.json"
     if not summary.is_file() or summary.stat().st_mtime < started:
-        print(f"fedstale: the run failed (no {summary}); see the log above", file=sys.stderr)
+        print(failure_message(run_dir, died, run_config, superlink), file=sys.stderr)
         return 1
     result = json.loads(summary.read_text())
     print(
@@ -146,11 +77,27 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     return 0
 
 
+def failure_message(run_dir: Path, died: bool, run_config: str, superlink: str) -> str:
+    """One line on what happened, and the command that resumes when a checkpoint exists."""
+    if died:
+        head = (
+            f"fedstale: the ServerApp died: its heartbeat in {run_dir} stopped "
+            f"{STALE_SECONDS:g} s ago and no summary.json was written"
+        )
+    else:
+        head = f"fedstale: the run failed (no {run_dir / 'summary.json'}); see the log above"
+    saved = run_dir / CHECKPOINT_FILE
+    if not saved.is_file():
+        return head
+    pairs = {**parse_pairs(run_config), "run-name": run_dir.name, "resume-from": str(run_dir)}
+    resume = [tool("fedstale"), "run", *(["--superlink", superlink] if superlink else [])]
+    resume += ["--run-config", to_flower(pairs)]
+    return f"{head}\nfedstale: resume from its last checkpoint with:\n  {shlex.join(resume)}"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["deploy"]:
-        from server_app import deploy
-
         try:
             return deploy.main(argv[1:])
         except ConfigError as err:

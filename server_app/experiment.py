@@ -20,6 +20,7 @@ from common.sensitivity import loss_gradient, sketch_for_task
 from server_app import checkpoint
 from server_app.engine import Engine
 from server_app.evaluation import ClientScorer, Evaluator
+from server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
 from server_app.progress import Progress
 from server_app.results import RunRecorder, aulc, run_name, runs_root
 from server_app.transport import Transport
@@ -189,7 +190,8 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     if run.test_faults:
         log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
     try:
-        engine.run_loop()
+        with Heartbeat(recorder.dir / HEARTBEAT_FILE):
+            engine.run_loop()
     finally:
         recorder.close()
     summary = summarize(engine, time.monotonic() - started)

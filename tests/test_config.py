@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError, parse_faults
-from server_app.cli import main, parse_pairs
+from server_app.cli import main
+from server_app.launch import parse_pairs
 from strategies.registry import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

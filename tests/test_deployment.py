@@ -144,9 +144,14 @@ def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
         assert pids, "no flwr-serverapp process found"
         for pid in pids:
             os.kill(pid, signal.SIGKILL)
+        # fedstale run notices the silent heartbeat, says so and prints the resume command.
+        assert first.wait(90) == 1
     finally:
         stop(first, grace=5)
     assert not (runs / "crash" / "summary.json").exists()
+    said = log.read_text()
+    assert "fedstale: the ServerApp died" in said, said[-2000:]
+    assert f'resume-from="{runs / "crash"}"' in said, said[-2000:]
 
     resumed = {**config, "run-name": "crash", "resume-from": str(runs / "crash")}
     result = deployment.run_app(ROOT, resumed, RUN_TIMEOUT)

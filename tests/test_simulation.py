@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from client_app.local import local_transport
-from server_app.cli import parse_pairs, tool
 from server_app.experiment import run_experiment
+from server_app.launch import parse_pairs, tool
 from server_app.results import read_jsonl
 from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
@@ -123,3 +123,49 @@ def test_fedpsa_signals_travel_over_flower(superlink: SimulationSuperLink, tmp_p
     assert all(-1.0 <= row["kappa"] <= 1.0 for row in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["updates_rejected"] == 0 and summary["final_accuracy"] > 0.3
+
+
+def in_process(config: str, tmp_path: Path, name: str) -> Path:
+    values = {**parse_pairs(config), "run-name": name, "runs-dir": str(tmp_path)}
+    run, params = load_config(values)
+    run_experiment(run, params, local_transport(run))
+    return tmp_path / name
+
+
+def without_wall(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "wall_time"} for row in rows]
+
+
+def test_superseded_tasks_over_flower_match_the_in_process_run(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    """FedAsync with bounded staleness supersedes tasks that Flower is still running: their
+    replies are discarded, counted, and the run is the one the in-process engine gives."""
+    config = f"{TINY} strategy=fedasync fedasync-max-staleness=2 seed=5"
+    result, run_dir = fedstale_run(superlink, tmp_path, "sup", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["tasks_superseded"] > 0 and summary["tasks_lost"] == 0
+    ended = summary["updates_accepted"] + summary["updates_rejected"] + summary["tasks_superseded"]
+    assert 0 <= summary["tasks_dispatched"] - ended <= 3  # the rest were in flight at the end
+    local = in_process(config, tmp_path, "sup-local")
+    assert read_jsonl(local / "updates.jsonl") == read_jsonl(run_dir / "updates.jsonl")
+    assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(
+        read_jsonl(run_dir / "metrics.jsonl")
+    )
+
+
+def test_per_client_evaluation_in_flower_simulation(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    config = f"{TINY} strategy=fedbuff eval-target=per-client seed=5"
+    result, run_dir = fedstale_run(superlink, tmp_path, "pc", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert len(rows) == 13 and all(row["clients"] == 10 for row in rows)
+    assert all(0 <= row["accuracy_std"] <= 0.5 for row in rows)
+    assert rows[-1]["accuracy"] > 0.5
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["evaluation"] == "per-client"
+    local = in_process(config, tmp_path, "pc-local")
+    assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(rows)

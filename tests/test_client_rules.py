@@ -1,0 +1,196 @@
+"""Client-side rules and the optimiser settings a task asks for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import client_app.training as training
+from client_app.local import local_transport
+from client_app.rules import RULES, ClientRule, LocalTask
+from client_app.task import client_model, train_task
+from client_app.training import Optimiser, local_train
+from common.models import build_model, get_flat
+from common.schema import SignalKeys, SignalSpec, TaskSpec
+from server_app.experiment import run_experiment
+from server_app.results import read_jsonl
+from strategies.base import Outcome, Update, View, update_record
+from strategies.fedbuff import FedBuff
+from strategies.registry import STRATEGIES, load_config
+from tests.helpers import run_config
+
+PROBE = "probe-norm"
+
+
+class ProbeRule(ClientRule):
+    """Adds a signal (||delta||), counts tasks in the client's kept state, and adds a loss
+    term that pulls the weights to zero (so the closed-form trainer must step aside)."""
+
+    def before(self, task: LocalTask) -> None:
+        seen = task.state.get("tasks", np.zeros(1, dtype=np.float32))
+        task.state["tasks"] = seen + 1
+        task.loss_terms.append(lambda model: 0.0 * sum(p.sum() for p in model.parameters()))
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        task.signals[PROBE] = float(np.linalg.norm(delta))
+        task.signals["tasks-seen"] = float(task.state["tasks"][0])
+
+
+class ProbeStrategy(FedBuff):
+    name = "probe"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.probes: list[tuple[int, float, float, float]] = []
+
+    def signals(self) -> dict[str, SignalSpec]:
+        return {PROBE: SignalSpec(), "tasks-seen": SignalSpec()}
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        norm = float(np.linalg.norm(update.vector))
+        seen = update.signals["tasks-seen"]
+        self.probes.append((update.client, update.signals[PROBE], norm, seen))
+        outcome = super().on_update(update, view)
+        outcome.records = [update_record(update, 0.0, probe=update.signals[PROBE])]
+        return outcome
+
+
+def test_a_client_rule_adds_a_signal_keeps_state_and_changes_the_loss(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    monkeypatch.setitem(STRATEGIES, "probe", ProbeStrategy)
+    monkeypatch.setitem(RULES, "probe", (ProbeRule(),))
+    used: list[str] = []
+    original = training.autograd_step
+    monkeypatch.setattr(
+        training, "autograd_step", lambda *a, **k: used.append("autograd") or original(*a, **k)
+    )
+    values = {
+        "strategy": "probe",
+        "dataset": "fmnist",
+        "local-epochs": 1,
+        "num-clients": 4,
+        "concurrency": 2,
+        "buffer-size": 2,
+        "max-virtual-time": 0.0,
+        "max-versions": 4,
+        "run-name": "probe",
+        "runs-dir": str(tmp_path),
+    }
+    run, params = load_config(values)
+    summary = run_experiment(run, params, local_transport(run))
+    rows = read_jsonl(tmp_path / "probe" / "updates.jsonl")
+    assert len(rows) == 8 and all(row["probe"] > 0 for row in rows)
+    # the loss term made every task of the linear model train with autograd (trainer=auto
+    # would otherwise use the closed form); in-process, a task trains when it is sent
+    assert len(used) == summary["tasks_dispatched"]
+
+
+def test_client_state_persists_per_client_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(RULES, "probe", (ProbeRule(),))
+    cfg = run_config(dataset="digits", num_clients=2, concurrency=1, strategy="probe")
+    transport = local_transport(cfg)
+    model, layout = client_model(cfg)
+    arrays = layout.unflatten(get_flat(model))
+    spec = TaskSpec(task_id=0, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    seen = []
+    for client in (0, 0, 1, 0):
+        msg = transport.send(1000 + client, "train", spec.to_config(), arrays)
+        seen.append(transport.receive([msg])[0].metrics["tasks-seen"])
+    assert seen == [1.0, 2.0, 1.0, 3.0]
+
+
+def test_fedpsa_sketch_comes_from_its_client_rule() -> None:
+    cfg = run_config(dataset="digits", strategy="fedpsa")
+    model, layout = client_model(cfg)
+    extra = {
+        SignalKeys.SKETCH_K: 4,
+        SignalKeys.SKETCH_SEED: 0,
+        SignalKeys.SKETCH_OF: "sensitivity",
+        SignalKeys.CALIB_SIZE: 8,
+        SignalKeys.CALIB_SEED: 0,
+        SignalKeys.CALIB_SOURCE: "gaussian",
+    }
+    spec = TaskSpec(task_id=0, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    config = {**spec.to_config(), **extra}
+    metrics, delta, sets = train_task(cfg, 0, config, layout.unflatten(get_flat(model)))
+    assert len(metrics[SignalKeys.SKETCH]) == 4 and sets == {}
+    norm = sum(float(np.dot(v.ravel().astype(np.float64), v.ravel())) for v in delta.values())
+    assert metrics[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(norm, rel=1e-6)
+    fedbuff = run_config(dataset="digits", strategy="fedbuff")
+    metrics, _, _ = train_task(fedbuff, 0, config, layout.unflatten(get_flat(model)))
+    assert SignalKeys.SKETCH not in metrics  # no rule for fedbuff
+
+
+def data() -> tuple[torch.Tensor, torch.Tensor]:
+    torch.manual_seed(0)
+    return torch.randn(100, 1, 6, 6), torch.randint(0, 4, (100,))
+
+
+def test_local_steps_train_exactly_that_many_minibatches(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = data()
+    steps: list[int] = []
+    original = training.softmax_regression_step
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        step = original(*args, **kwargs)
+        return lambda idx: steps.append(len(idx)) or step(idx)
+
+    monkeypatch.setattr(training, "softmax_regression_step", counting)
+    model = build_model("linear", (1, 6, 6), 4, seed=1)
+    local_train(model, x, y, epochs=5, batch_size=32, lr=0.1, seed=0, steps=9)
+    assert steps == [32, 32, 32, 4] * 2 + [32]  # 4 batches a pass, 9 steps over 3 passes
+
+
+@pytest.mark.parametrize(
+    "optimiser",
+    [
+        Optimiser(momentum=0.9),
+        Optimiser(weight_decay=0.1),
+        Optimiser(grad_clip=0.01),
+        Optimiser(kind="adam"),
+    ],
+)
+def test_optimiser_settings_change_training_and_skip_the_closed_form(
+    optimiser: Optimiser,
+) -> None:
+    x, y = data()
+    plain, tuned = (build_model("linear", (1, 6, 6), 4, seed=1) for _ in range(2))
+    settings = {"epochs": 2, "batch_size": 16, "lr": 0.1, "seed": 3}
+    local_train(plain, x, y, **settings)
+    local_train(tuned, x, y, **settings, optimiser=optimiser)
+    assert not torch.allclose(plain.fc.weight, tuned.fc.weight)
+    reference = build_model("linear", (1, 6, 6), 4, seed=1)
+    torch_optimizer = training.make_optimizer(list(reference.parameters()), 0.1, optimiser)
+    generator = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        for idx in torch.randperm(100, generator=generator).split(16):
+            loss = torch.nn.functional.cross_entropy(reference(x[idx]), y[idx])
+            torch_optimizer.zero_grad()
+            loss.backward()
+            if optimiser.grad_clip:
+                torch.nn.utils.clip_grad_norm_(list(reference.parameters()), optimiser.grad_clip)
+            torch_optimizer.step()
+    torch.testing.assert_close(tuned.fc.weight, reference.fc.weight)
+
+
+def test_task_settings_from_an_assignment_reach_the_client() -> None:
+    values = {"dataset": "digits", "num-clients": 2, "concurrency": 1, "momentum": 0.5}
+    run, _ = load_config(values)
+    spec = TaskSpec.from_config(
+        TaskSpec(
+            task_id=1,
+            version=0,
+            lr=0.1,
+            local_epochs=1,
+            batch_size=8,
+            seed=0,
+            momentum=run.momentum,
+            optimizer="adam",
+            local_steps=3,
+        ).to_config()
+    )
+    assert (spec.momentum, spec.optimizer, spec.local_steps) == (0.5, "adam", 3)

@@ -1,0 +1,425 @@
+"""The strategy contract's second edition, each capability over a scripted transport:
+planned dispatch per group, superseded tasks, per-client evaluation, named reply array
+sets, task deadlines, and a refused misconfigured node."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+import numpy as np
+import pytest
+
+from common.latency import profile_for
+from common.schema import MSG_EVALUATE, MSG_QUERY, ReplyKeys, TaskKeys
+from server_app.engine import Engine
+from server_app.evaluation import Scoreboard
+from server_app.transport import Reply
+from strategies.base import (
+    EVAL_PER_CLIENT,
+    Assignment,
+    NoParams,
+    Outcome,
+    Strategy,
+    Update,
+    View,
+    update_record,
+)
+from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+from tests.test_engine import LAYOUT, TaskHistoryEngine
+
+SETTINGS = {
+    "num-clients": 6,
+    "concurrency": 6,
+    "max-virtual-time": 3000.0,
+    "eval-interval": 500.0,
+    "poll-interval": 0.0001,
+    "node-wait-seconds": 2.0,
+    "progress-interval": 1000.0,
+}
+
+
+def engine_for(
+    strategy_cls: type[Strategy],
+    transport: ScriptedTransport,
+    scorer: Any = None,
+    **overrides: Any,
+) -> TaskHistoryEngine:
+    run = run_config(**{**SETTINGS, **overrides})
+    strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
+    evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
+    return TaskHistoryEngine(
+        run,
+        strategy,
+        transport,
+        LAYOUT,
+        profile_for(run),
+        evaluator,
+        ListRecorder(),
+        client_scorer=scorer,
+    )
+
+
+def accounted(engine: Engine) -> None:
+    """Every dispatched task is exactly one of: accepted, rejected, lost, superseded, or
+    still in flight."""
+    c = engine.counters
+    ended = c.accepted + c.rejected + c.failed + c.superseded
+    assert c.dispatched == ended + len(engine.tasks)
+
+
+# ------------------------------------------------------------------ planned dispatch
+class GroupRounds(Strategy):
+    """Two groups {0, 1, 2} and {3, 4, 5}, each synchronous on its own: a group's next
+    round starts when its last reply is in, whatever the other group does."""
+
+    name = "group-rounds"
+    groups: ClassVar[tuple[tuple[int, ...], ...]] = ((0, 1, 2), (3, 4, 5))
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.waiting: dict[int, set[int]] = {0: set(), 1: set()}
+        self.seen: list[Update] = []
+
+    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+        plan = []
+        for index, members in enumerate(self.groups):
+            if not self.waiting[index] and set(members) <= set(view.idle):
+                self.waiting[index] = set(members)
+                plan += [self.assign(c, view) for c in members]
+        return plan
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.seen.append(update)
+        for members in self.waiting.values():
+            members.discard(update.client)
+        self.model = self.model + update.vector
+        return Outcome(changed=True, records=[update_record(update, 1.0)])
+
+
+def test_a_plan_can_keep_a_barrier_per_group() -> None:
+    engine = engine_for(GroupRounds, ScriptedTransport(6, delta_reply, seed=3))
+    engine.run_loop()
+    latency = engine.latency.base
+    for members in GroupRounds.groups:
+        tasks = [t for t in engine.history.values() if t.client in members]
+        starts = sorted({round(t.dispatched_at, 9) for t in tasks})
+        assert len(starts) >= 3
+        for start in starts:
+            batch = [t for t in tasks if round(t.dispatched_at, 9) == start]
+            assert sorted(t.client for t in batch) == list(members)  # the whole group
+        for previous, following in itertools.pairwise(starts):
+            slowest = max(latency[c] for c in members)
+            assert following == pytest.approx(previous + slowest)  # its own barrier only
+    accounted(engine)
+
+
+# ------------------------------------------------------------------ superseded tasks
+class SupersedeSlowest(Strategy):
+    """At the first arrival, supersede the task that would finish last and restart its
+    client from the current model."""
+
+    name = "supersede-slowest"
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Update] = []
+        self.victim: int | None = None
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.seen.append(update)
+        self.model = self.model + update.vector
+        outcome = Outcome(changed=True, records=[update_record(update, 1.0)])
+        if self.victim is None and view.in_flight:
+            victim = max(view.in_flight, key=lambda t: (t.staleness, t.task_id))
+            self.victim = victim.task_id
+            outcome.supersede = [victim.task_id]
+            outcome.dispatch = [self.assign(victim.client, view)]
+        return outcome
+
+
+@pytest.mark.parametrize("clock", ["virtual", "wall"])
+def test_a_superseded_task_is_replaced_at_once_and_its_reply_discarded(clock: str) -> None:
+    budget = {"max-virtual-time": 0.0, "max-versions": 30} if clock == "wall" else {}
+    transport = ScriptedTransport(6, delta_reply, seed=4, max_delay_calls=3)
+    engine = engine_for(SupersedeSlowest, transport, clock=clock, concurrency=4, **budget)
+    engine.run_loop()
+    strategy: SupersedeSlowest = engine.strategy  # type: ignore[assignment]
+    victim = engine.history[strategy.victim]  # type: ignore[index]
+    assert engine.counters.superseded == 1
+    assert strategy.victim not in {u.task_id for u in strategy.seen}  # discarded, not used
+    replacement = engine.history[4]  # tasks 0-3 filled the run; the next one is sent first
+    assert replacement.client == victim.client  # at once, to the same client
+    trigger = engine.history[strategy.seen[0].task_id]
+    if clock == "virtual":
+        assert replacement.dispatched_at == trigger.finishes_at
+    assert engine.counters.failed == 0  # superseded is not lost
+    assert not engine.superseded  # the late reply came and was dropped
+    accounted(engine)
+    updates = [u.task_id for u in strategy.seen]
+    assert len(updates) == len(set(updates)) == engine.counters.accepted
+
+
+def test_a_strategy_cannot_supersede_a_task_that_is_not_in_flight() -> None:
+    class Bogus(SupersedeSlowest):
+        def on_update(self, update: Update, view: View) -> Outcome:
+            return Outcome(changed=True, supersede=[10**6])
+
+    engine = engine_for(Bogus, ScriptedTransport(6, delta_reply))
+    with pytest.raises(RuntimeError, match="superseded task 1000000, not in flight"):
+        engine.run_loop()
+
+
+# ------------------------------------------------------------------ per-client evaluation
+class Personal(Strategy):
+    """Client c's model is the global model plus c in every coordinate."""
+
+    name = "personal"
+    evaluates = EVAL_PER_CLIENT
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.model = self.model + update.vector
+        return Outcome(changed=True, records=[update_record(update, 1.0)])
+
+    def model_of(self, client: int) -> np.ndarray:
+        return self.model + client
+
+
+def toy_score(client: int, flat: np.ndarray) -> tuple[float, float]:
+    return float(flat[0] % 1.0) / 2 + client / 20, float(client)
+
+
+def expected_row(model: np.ndarray, clients: int) -> tuple[float, float]:
+    scores = [toy_score(c, model + c)[0] for c in range(clients)]
+    return float(np.mean(scores)), float(np.std(scores))
+
+
+def test_per_client_evaluation_scores_each_model_on_the_server() -> None:
+    engine = engine_for(Personal, ScriptedTransport(6, delta_reply, seed=5), scorer=toy_score)
+    engine.run_loop()
+    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
+    final = engine.strategy.model
+    mean, std = expected_row(final, 6)
+    assert rows[-1]["accuracy"] == pytest.approx(mean)
+    assert rows[-1]["accuracy_std"] == pytest.approx(std)
+    assert rows[-1]["loss"] == pytest.approx(2.5)  # mean of clients 0..5
+    assert rows[-1]["clients"] == 6
+
+
+class EvaluatingTransport(ScriptedTransport):
+    """Also answers `evaluate` messages with toy_score of the model it carries; client 5
+    never answers them."""
+
+    simulated = False
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        if message_type != MSG_EVALUATE:
+            return super().send(node_id, message_type, config, arrays, sets)
+        self.counter += 1
+        msg_id = f"e{self.counter}"
+        client = self.nodes[node_id]
+        self.sent.append((node_id, message_type, dict(config)))
+        if client == 5:
+            return msg_id
+        accuracy, loss = toy_score(client, np.concatenate([a.ravel() for a in arrays.values()]))
+        metrics = {
+            ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
+            ReplyKeys.PARTITION_ID: client,
+            ReplyKeys.NUM_EXAMPLES: 10,
+            ReplyKeys.ACCURACY: accuracy,
+            ReplyKeys.LOSS: loss,
+        }
+        self.pending[msg_id] = (int(self.rng.integers(0, 3)), Reply(msg_id, metrics=metrics))
+        return msg_id
+
+
+def test_per_client_evaluation_on_a_deployment_goes_through_evaluate_messages(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    transport = EvaluatingTransport(6, delta_reply, seed=6)
+    engine = engine_for(Personal, transport, **{"task-timeout": 0.3})
+    assert engine.scores.by_message  # not simulated: the clients score their own models
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
+    assert all(r["clients"] == 5 for r in rows)  # client 5 never answered
+    mean, _ = expected_row(engine.strategy.model, 5)
+    assert rows[-1]["accuracy"] == pytest.approx(mean)
+    evaluate_messages = [s for s in transport.sent if s[1] == MSG_EVALUATE]
+    assert len(evaluate_messages) == 6 * len(rows)
+    assert any("did not answer in time" in r.getMessage() for r in caplog.records)
+
+
+def test_global_strategies_can_be_scored_per_client_too() -> None:
+    from tests.test_engine import Recording
+
+    engine = engine_for(
+        Recording, ScriptedTransport(6, delta_reply), scorer=toy_score, eval_target="per-client"
+    )
+    engine.run_loop()
+    row = engine.recorder.metrics[-1]  # type: ignore[attr-defined]
+    scores = [toy_score(c, engine.strategy.model)[0] for c in range(6)]
+    assert row["accuracy"] == pytest.approx(np.mean(scores)) and row["clients"] == 6
+
+
+def test_a_global_evaluation_row_keeps_its_keys() -> None:
+    from tests.test_engine import Recording
+
+    engine = engine_for(Recording, ScriptedTransport(6, delta_reply))
+    engine.run_loop()
+    keys = {"virtual_time", "wall_time", "version", "accuracy", "loss", "updates"}
+    assert all(set(row) == keys for row in engine.recorder.metrics)  # type: ignore[attr-defined]
+
+
+def test_per_client_evaluation_on_the_server_needs_a_scorer() -> None:
+    with pytest.raises(ValueError, match="needs a client scorer"):
+        Scoreboard(
+            run_config(**SETTINGS),
+            Personal(run_config(**SETTINGS), NoParams(), np.zeros(3)),
+            ScriptedTransport(6, delta_reply),
+            LAYOUT,
+            lambda flat: (0.0, 0.0),
+            None,
+        )
+
+
+# ------------------------------------------------------------------ named reply sets
+class TwoSets(Strategy):
+    """Wants a fresh delta and a `stale` set; adds both (MAFSA's shape of reply)."""
+
+    name = "two-sets"
+    reply_sets = ("stale",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.seen: list[Update] = []
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.seen.append(update)
+        self.model = self.model + update.vector + update.sets["stale"]
+        return Outcome(changed=True, records=[update_record(update, 1.0)])
+
+
+def two_set_reply(fault_task: int = -1, fault: str = "") -> Any:
+    def train(partition: int, config: Mapping[str, Any], arrays: dict) -> tuple:
+        metrics, out = delta_reply(partition, config, arrays)
+        sets = {"stale": {k: np.full_like(v, 10.0) for k, v in arrays.items()}}
+        if config[TaskKeys.TASK_ID] == fault_task:
+            if fault == "missing":
+                sets = {}
+            elif fault == "extra":
+                sets["other"] = sets["stale"]
+            elif fault == "shape":
+                sets["stale"] = {"w": np.zeros(5, dtype=np.float32)}
+        return metrics, out, sets
+
+    return train
+
+
+def test_a_reply_carries_named_array_sets() -> None:
+    engine = engine_for(TwoSets, ScriptedTransport(6, two_set_reply(), seed=7))
+    engine.run_loop()
+    seen = engine.strategy.seen  # type: ignore[attr-defined]
+    assert seen and all(np.array_equal(u.sets["stale"], np.full(3, 10.0)) for u in seen)
+    np.testing.assert_allclose(engine.strategy.model, np.full(3, 11.0 * len(seen)))
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ("missing", "carries array sets [], expected ['stale']"),
+        ("extra", "carries array sets ['other', 'stale'], expected ['stale']"),
+        ("shape", "array 'w' has shape (5,), expected (3,)"),
+    ],
+)
+def test_a_missing_extra_or_malformed_set_is_rejected_with_one_line(
+    fault: str, reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine = engine_for(TwoSets, ScriptedTransport(6, two_set_reply(3, fault), seed=8))
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    lines = [r.getMessage() for r in caplog.records if "rejected update" in r.getMessage()]
+    assert len(lines) == 1 and "task 3 " in lines[0] and reason in lines[0], lines
+    assert 3 not in {u.task_id for u in engine.strategy.seen}  # type: ignore[attr-defined]
+    assert engine.counters.rejected == 1
+    accounted(engine)
+
+
+# ------------------------------------------------------------------ task deadline
+class Silent(ScriptedTransport):
+    """Node of client 2 takes its first task and never answers it (a hung device)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.swallowed: list[str] = []
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        msg_id = super().send(node_id, message_type, config, arrays, sets)
+        if message_type != MSG_QUERY and self.nodes[node_id] == 2 and not self.swallowed:
+            self.swallowed.append(msg_id)
+            del self.pending[msg_id]
+        return msg_id
+
+
+def test_a_task_past_its_deadline_is_retired_and_the_run_goes_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from tests.test_engine import Recording
+
+    transport = Silent(6, delta_reply, seed=9)
+    engine = engine_for(Recording, transport, concurrency=3, **{"task-timeout": 0.2})
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    assert transport.swallowed
+    assert engine.stop_reason == "time budget"  # the virtual clock was not held for ever
+    assert engine.counters.failed == 1
+    lines = [
+        r.getMessage() for r in caplog.records if "no reply within task-timeout" in r.getMessage()
+    ]
+    assert len(lines) == 1 and "(client 2)" in lines[0]
+    assert engine.counters.accepted > 10
+    accounted(engine)
+
+
+# ------------------------------------------------------------------ misconfigured node
+class Misconfigured(ScriptedTransport):
+    """The node of client 5 has no partition-id: it says so in its query reply."""
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        if message_type == MSG_QUERY and self.nodes[node_id] == 5:
+            self.counter += 1
+            msg_id = f"q{self.counter}"
+            self.sent.append((node_id, message_type, dict(config)))
+            problem = "no partition-id given; start the SuperNode with --node-config ..."
+            self.pending[msg_id] = (0, Reply(msg_id, problem=problem))
+            return msg_id
+        return super().send(node_id, message_type, config, arrays, sets)
+
+
+def test_a_node_without_partition_id_is_refused_once(caplog: pytest.LogCaptureFixture) -> None:
+    from tests.test_engine import Recording
+
+    transport = Misconfigured(6, delta_reply, seed=10)
+    engine = engine_for(
+        Recording,
+        transport,
+        clock="wall",
+        concurrency=3,
+        **{"max-virtual-time": 0.0, "max-versions": 30, "node-wait-seconds": 0.1},
+    )
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+        for _ in range(5):
+            engine.refresh_nodes(force=True)
+    bad_node = next(n for n, c in transport.nodes.items() if c == 5)
+    queries = [s for s in transport.sent if s[0] == bad_node and s[1] == MSG_QUERY]
+    assert len(queries) == 1
+    lines = [
+        r.getMessage() for r in caplog.records if f"node {bad_node} gets no work" in r.getMessage()
+    ]
+    assert len(lines) == 1 and "no partition-id given" in lines[0]
+    assert 5 not in {u.client for u in engine.strategy.seen}  # type: ignore[attr-defined]
