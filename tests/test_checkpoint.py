@@ -96,3 +96,14 @@ def test_resume_refuses_a_run_folder_with_fewer_rows_than_checkpointed(tmp_path:
     (tmp_path / "cut" / "metrics.jsonl").write_text("")
     with pytest.raises(ConfigError, match=r"metrics\.jsonl has 0 rows, the checkpoint counted"):
         run(tmp_path, "z", **{"max-versions": 8, "resume-from": str(tmp_path / "cut")})
+
+
+def test_a_checkpoint_at_a_flush_counts_that_flush_s_rows(tmp_path: Path) -> None:
+    """The checkpoint is written after the rows of the version it saves: every row up to
+    that version is kept on resume, none after it."""
+    run(tmp_path, "flush", strategy="fedbuff", **{"max-versions": 6})
+    saved = checkpoint.load(str(tmp_path / "flush"))
+    rows = [json.loads(row) for row in lines(tmp_path / "flush" / "updates.jsonl")]
+    upto = [row for row in rows if row["version"] <= saved.version]
+    assert len(upto) == saved.update_rows == saved.version * BASE["buffer-size"]
+    assert rows[: saved.update_rows] == upto

@@ -200,3 +200,32 @@ def test_tls_and_node_auth_run_completes_and_intruders_are_refused(tmp_path: Pat
         for process in intruders:
             stop(process)
         deployment.stop()
+
+
+def test_supersede_and_per_client_evaluation_over_real_supernodes(tmp_path: Path) -> None:
+    """FedAsync with bounded staleness supersedes the slow node's task while that node is
+    still training it: its reply is dropped and the replacement waits behind it on the
+    node. Per-client evaluation goes out as Flower evaluate messages."""
+    runs = tmp_path / "runs"
+    config = {
+        **SMALL,
+        "strategy": "fedasync",
+        "fedasync-max-staleness": 2,
+        "eval-target": "per-client",
+        "eval-interval": 20.0,
+        "max-versions": 10,
+        "runs-dir": str(runs),
+        "run-name": "sup",
+    }
+    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 0.0, 8.0]) as deployment:
+        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((runs / "sup" / "summary.json").read_text())
+    assert summary["tasks_superseded"] >= 1 and summary["tasks_lost"] == 0
+    assert summary["updates_rejected"] == 0 and summary["versions"] == 10
+    assert summary["evaluation"] == "per-client"
+    metrics = rows(runs / "sup" / "metrics.jsonl")
+    assert metrics and all(row["clients"] == 3 for row in metrics)  # every node answered
+    assert metrics[-1]["accuracy"] > 0.3
+    handled = [row["task"] for row in rows(runs / "sup" / "updates.jsonl")]
+    assert len(handled) == len(set(handled)) == summary["updates_accepted"]

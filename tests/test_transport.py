@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Iterable
 
+import numpy as np
 import pytest
 
 from server_app import transport
@@ -105,3 +106,14 @@ def test_a_failed_pull_raises_in_the_engine_thread() -> None:
     with pytest.raises(ConnectionError, match="unreachable"):
         link.receive(["a"])
     assert link.receive([]) == []  # reported once
+
+
+def test_named_array_sets_round_trip_through_flower_records() -> None:
+    from common.records import decode_sets, message_content
+
+    fresh = {"w": np.arange(3, dtype=np.float32)}
+    stale = {"w": np.ones(3, dtype=np.float32)}
+    content = message_content({"task-id": 1}, fresh, {"stale": stale}, {"num-examples": 3})
+    assert sorted(content) == ["arrays", "arrays.stale", "config", "metrics"]
+    decoded = decode_sets(content)
+    assert list(decoded) == ["stale"] and np.array_equal(decoded["stale"]["w"], stale["w"])
