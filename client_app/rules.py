@@ -18,7 +18,7 @@ from client_app.training import LossTerm
 from common.config import RunConfig
 from common.federation import data_shape
 from common.models import ParamLayout
-from common.schema import SignalKeys, TaskSpec
+from common.schema import RuleKeys, SignalKeys, TaskSpec
 from common.sensitivity import sketch_for_task
 
 
@@ -60,8 +60,28 @@ class SensitivitySketch(ClientRule):
         task.signals[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
 
 
+class CosineToStart(ClientRule):
+    """PACE and pFedGraph (eq. 4): the objective adds lambda (1 - cos(w, w_start)) over all
+    parameters, w_start the model the task started from."""
+
+    def before(self, task: LocalTask) -> None:
+        weight = float(task.spec.extra.get(RuleKeys.PACE_LAMBDA, 0.0))
+        if weight == 0:
+            return
+        params = list(task.model.state_dict(keep_vars=True).values())  # the layout's order
+        start = torch.from_numpy(task.start).to(params[0].device)
+
+        def term(model: torch.nn.Module) -> torch.Tensor:
+            flat = torch.cat([p.reshape(-1) for p in params])
+            return weight * (1.0 - torch.nn.functional.cosine_similarity(flat, start, 0, 1e-12))
+
+        task.loss_terms.append(term)
+
+
 RULES: dict[str, tuple[ClientRule, ...]] = {
     "fedpsa": (SensitivitySketch(),),
+    "pace": (CosineToStart(),),
+    "pfedgraph-async": (CosineToStart(),),
 }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Dataset = Literal["fmnist", "mnist", "cifar10", "cifar100", "digits"]
-ModelName = Literal["auto", "linear", "cnn-mnist", "cnn-cifar", "mlp"]
+ModelName = Literal["auto", "linear", "cnn-mnist", "cnn-cifar", "mlp", "lenet"]
 DEFAULT_MODEL: dict[str, str] = {
     "fmnist": "linear",
     "mnist": "cnn-mnist",
@@ -25,6 +25,7 @@ MODEL_DATASETS: dict[str, set[str]] = {
     "cnn-mnist": {"fmnist", "mnist"},
     "cnn-cifar": {"cifar10", "cifar100"},
     "mlp": {"digits", "fmnist", "mnist"},
+    "lenet": {"fmnist", "mnist", "cifar10", "cifar100"},
 }
 NUM_CLASSES: dict[str, int] = {
     "fmnist": 10,
@@ -72,7 +73,7 @@ class RunConfig(KebabModel):
     dirichlet_alpha: float = Field(1.0, gt=0)
     dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
     classes_per_client: int = Field(2, ge=1)
-    test_split: Literal["standard", "holdout"] = "standard"
+    test_split: Literal["standard", "holdout", "local"] = "standard"
     client_val_fraction: float = Field(0.1, ge=0, lt=1)
     num_clients: int = Field(50, ge=1)
 
@@ -188,6 +189,11 @@ def _check_consistency(cfg: RunConfig) -> None:
         raise ValueError(
             f"classes-per-client ({cfg.classes_per_client}) exceeds the "
             f"{cfg.num_classes} classes of {cfg.dataset}"
+        )
+    if cfg.test_split == "local" and cfg.client_val_fraction <= 0:
+        raise ValueError(
+            "test-split=local tests every client on its own held-out share; "
+            "set client-val-fraction above 0 (PACE's protocol: 0.25)"
         )
     if cfg.prefetch and cfg.clock != "wall":
         raise ValueError("prefetch queues tasks on real nodes; it needs clock=wall")

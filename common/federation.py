@@ -78,9 +78,12 @@ def _pool_and_test(key: FederationKey) -> tuple[np.ndarray, ...]:
     data = load_dataset(key.dataset, key.data_dir)
     if key.test_split == "standard" and data.x_test is not None:
         return data.x_train, data.y_train, data.x_test, data.y_test
-    # A hold-out of 10% of all data (the paper's wording; digits has no standard split).
     x_all = data.x_train if data.x_test is None else np.concatenate([data.x_train, data.x_test])
     y_all = data.y_train if data.y_test is None else np.concatenate([data.y_train, data.y_test])
+    if key.test_split == "local":
+        # Every sample is some client's; the test set is the union of their local splits.
+        return x_all, y_all, x_all[:0], y_all[:0]
+    # A hold-out of 10% of all data (the paper's wording; digits has no standard split).
     order = np.random.default_rng([key.seed, 0x7E57]).permutation(len(y_all))
     num_test = int(round(HOLDOUT_FRACTION * len(y_all)))
     test, pool = np.sort(order[:num_test]), np.sort(order[num_test:])
@@ -103,6 +106,9 @@ def build_federation(key: FederationKey) -> Federation:
         split_validation(share, key.val_fraction, key.seed, client)
         for client, share in enumerate(shares)
     ]
+    if key.test_split == "local":
+        local_test = np.concatenate([held_out for _, held_out in splits])
+        x_test, y_test = x_pool[local_test], y_pool[local_test]
     return Federation(
         dataset=key.dataset,
         x_pool=x_pool,

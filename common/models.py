@@ -72,6 +72,27 @@ class CifarCNN(nn.Module):
         return self.fc3(torch.relu(self.fc2(x)))
 
 
+class LeNet(nn.Module):
+    """pFedGraph's CNN (LeNet-5): conv5x5(6)-pool-conv5x5(16)-pool-fc120-fc84-fc(classes).
+    28x28 inputs are padded by 2 so that both sizes end at 16 x 5 x 5 (61,706 parameters
+    for Fashion-MNIST, 62,006 for CIFAR-10)."""
+
+    def __init__(self, input_shape: tuple[int, ...], num_classes: int = 10) -> None:
+        super().__init__()
+        channels, height = input_shape[0], input_shape[1]
+        self.conv1 = nn.Conv2d(channels, 6, 5, padding=2 if height == 28 else 0)
+        self.conv2 = nn.Conv2d(6, 16, 5)
+        self.fc1 = nn.Linear(16 * 5 * 5, 120)
+        self.fc2 = nn.Linear(120, 84)
+        self.fc3 = nn.Linear(84, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = nn.functional.max_pool2d(nn.functional.relu(self.conv1(x)), 2)
+        x = nn.functional.max_pool2d(nn.functional.relu(self.conv2(x)), 2)
+        x = nn.functional.relu(self.fc1(x.flatten(1)))
+        return self.fc3(nn.functional.relu(self.fc2(x)))
+
+
 class MLP(nn.Module):
     """A small MLP for scikit-learn digits (8x8) or any flattened input."""
 
@@ -96,6 +117,8 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         return CifarCNN(num_classes)
     if name == "mlp":
         return MLP(in_features, num_classes)
+    if name == "lenet":
+        return LeNet(input_shape, num_classes)
     raise ValueError(f"unknown model '{name}'")
 
 

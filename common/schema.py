@@ -73,6 +73,12 @@ class SignalKeys:
     UPDATE_NORM_SQ = "update-norm-sq"
 
 
+class RuleKeys:
+    """Task-config entries of the client-side rules other than FedPSA's."""
+
+    PACE_LAMBDA = "pace-lambda"  # PACE / pFedGraph: weight of lambda (1 - cos(w, w_start))
+
+
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"

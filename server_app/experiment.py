@@ -90,6 +90,15 @@ def bind_server_signals(run: RunConfig, strategy: Strategy) -> None:
         strategy.bind_aligner(gradient_aligner(run, model))
 
 
+def bind_client_sizes(run: RunConfig, strategy: Strategy) -> None:
+    """Every client's training-split size, for a rule that weights by them before it has
+    heard from every client (PACE's p)."""
+    bind = getattr(strategy, "bind_client_sizes", None)
+    if bind is not None:
+        fed = federation_of(run)
+        bind(np.array([len(idx) for idx in fed.train_idx], dtype=np.float64))
+
+
 def diagnostic_batch(run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The held-out test batch behind the Sec. 6.6 gradients (eq. 21)."""
     x_test, y_test = test_data(run)
@@ -135,6 +144,8 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "updates_rejected": counters.rejected,
         "tasks_lost": counters.failed,
         "tasks_superseded": counters.superseded,
+        "downlinks": counters.dispatched,  # train messages: tasks, replacements, multicasts
+        "uplinks": counters.accepted + counters.rejected,  # replies to live tasks
         "tasks_dispatched": counters.dispatched,
         "wall_seconds": wall_seconds,
         "loop_seconds": loop_seconds,
@@ -171,6 +182,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     evaluator, initial, layout = make_evaluator(run)
     strategy = build_strategy(run, params, initial)
     bind_server_signals(run, strategy)
+    bind_client_sizes(run, strategy)
     latency = profile_for(run)
     engine = Engine(
         run,

@@ -16,9 +16,10 @@ from strategies.fedavg import FedAvg
 from strategies.fedbuff import FedBuff
 from strategies.fedfa import FedFa
 from strategies.fedpsa import FedPSA
+from strategies.pace import PACE, PFedGraphAsync
 
 STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA)
+    cls.name: cls for cls in (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
 }
 
 
