@@ -19,15 +19,13 @@ results.jsonl (one line per run), table.md (ours beside the paper's) and accurac
 from __future__ import annotations
 
 import argparse
-import itertools
-import json
-import multiprocessing
 import statistics
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+from bench.grid import Job, finals, finished, grid, matching, mean_std, run_all, table_head
 
 DAY = 86_400.0
 METHODS = ("fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa")
@@ -80,29 +78,6 @@ PROTOCOL = {
     "latency-min": 10.0,
     "latency-max": 500.0,
 }
-
-
-@dataclass(frozen=True)
-class Job:
-    name: str
-    labels: dict[str, Any]
-    config: dict[str, Any]
-
-
-def grid(
-    suite: str,
-    name: Callable[..., str],
-    axes: dict[str, Iterable[Any]],
-    config: Callable[..., dict],
-    seeds: int,
-) -> list[Job]:
-    """One job per combination of the axes' values and seed; `name` and `config` see them."""
-    jobs = []
-    for values in itertools.product(*axes.values(), range(seeds)):
-        labels = dict(zip([*axes, "seed"], values, strict=True))
-        settings = {**config(**labels), "seed": labels["seed"]}
-        jobs.append(Job(name(**labels), {"suite": suite, **labels}, settings))
-    return jobs
 
 
 def table1_jobs(budget: float, seeds: int) -> list[Job]:
@@ -175,7 +150,7 @@ SUITES = {
 }
 
 
-def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
+def run_job(job: Job, runs_dir: str, budget: float) -> dict[str, Any]:
     """One run in this (worker) process; returns its summary and accuracy curve."""
     from client_app.local import local_transport
     from server_app.experiment import run_experiment
@@ -208,66 +183,8 @@ def run_job(job: Job, budget: float, runs_dir: str) -> dict[str, Any]:
     }
 
 
-def done_results(out: Path) -> dict[str, dict[str, Any]]:
-    """Run name -> result, of every run results.jsonl already holds."""
-    path = out / "results.jsonl"
-    if not path.exists():
-        return {}
-    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
-
-
-def finished(jobs: list[Job], out: Path) -> list[dict[str, Any]]:
-    done = done_results(out)
-    return [done[job.name] for job in jobs if job.name in done]
-
-
-def run_all(jobs: list[Job], budget: float, out: Path, workers: int) -> list[dict[str, Any]]:
-    done_path = out / "results.jsonl"
-    done = done_results(out)  # resume: keep what an earlier invocation finished
-    todo = [job for job in jobs if job.name not in done]
-    started = time.monotonic()
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool, done_path.open("a") as sink:
-        pending = [pool.apply_async(run_job, (job, budget, str(out / "runs"))) for job in todo]
-        for index, handle in enumerate(pending, 1):
-            result = handle.get()
-            sink.write(json.dumps(result) + "\n")
-            sink.flush()
-            done[result["name"]] = result
-            elapsed = time.monotonic() - started
-            eta = elapsed / index * (len(pending) - index)
-            print(
-                f"[{index}/{len(pending)}] {result['name']}: final "
-                f"{result['summary']['final_accuracy']:.4f} ({elapsed:.0f} s, eta {eta:.0f} s)",
-                flush=True,
-            )
-    return [done[job.name] for job in jobs]
-
-
-def mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n={len(values)})"
-
-
-def matching(results: list[dict[str, Any]], **labels: Any) -> list[dict[str, Any]]:
-    """The results whose labels equal every one given."""
-    return [r for r in results if all(r[key] == value for key, value in labels.items())]
-
-
-def finals(rows: list[dict[str, Any]]) -> list[float]:
-    """Final accuracies in percent."""
-    return [100 * r["summary"]["final_accuracy"] for r in rows]
-
-
 def methods_in(results: list[dict[str, Any]]) -> list[str]:
     return sorted({r["method"] for r in results}, key=METHODS.index)
-
-
-def table_head(title: str, columns: list[str]) -> list[str]:
-    return [title, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
 
 
 def table1_markdown(results: list[dict[str, Any]], budget: float) -> str:
@@ -422,7 +339,8 @@ def main() -> None:
             if job.labels.get("method", "fedpsa") in methods
         ]
         print(f"{suite}: {len(jobs)} runs of {days:g} virtual days on {args.workers} workers")
-        results = finished(jobs, out) if args.report else run_all(jobs, budget, out, args.workers)
+        runner = partial(run_job, budget=budget)
+        results = finished(jobs, out) if args.report else run_all(jobs, runner, out, args.workers)
         markdown = MARKDOWN[suite](results, budget)
         (out / f"{suite}.md").write_text(markdown + "\n")
         print(markdown)

@@ -103,6 +103,7 @@ class RunConfig(KebabModel):
 
     max_virtual_time: float = Field(43200.0, ge=0)
     max_versions: int = Field(0, ge=0)
+    max_updates: int = Field(0, ge=0)
     target_accuracy: float = Field(0.0, ge=0, le=1)
     max_wall_seconds: float = Field(0.0, ge=0)
 
@@ -197,11 +198,17 @@ def _check_consistency(cfg: RunConfig) -> None:
         )
     if cfg.prefetch and cfg.clock != "wall":
         raise ValueError("prefetch queues tasks on real nodes; it needs clock=wall")
-    budgets = (cfg.max_virtual_time, cfg.max_versions, cfg.target_accuracy, cfg.max_wall_seconds)
+    budgets = (
+        cfg.max_virtual_time,
+        cfg.max_versions,
+        cfg.max_updates,
+        cfg.target_accuracy,
+        cfg.max_wall_seconds,
+    )
     if not any(budgets):
         raise ValueError(
-            "no budget set: give max-virtual-time, max-versions, target-accuracy "
-            "or max-wall-seconds a non-zero value"
+            "no budget set: give max-virtual-time, max-versions, max-updates, "
+            "target-accuracy or max-wall-seconds a non-zero value"
         )
 
 

@@ -431,6 +431,8 @@ class Engine:
         run = self.run
         if run.max_versions and self.version >= run.max_versions:
             self.stop_reason = f"version budget {run.max_versions}"
+        elif run.max_updates and self.counters.accepted >= run.max_updates:
+            self.stop_reason = f"update budget {run.max_updates}"
         elif run.max_wall_seconds and time.monotonic() - self.wall_start >= run.max_wall_seconds:
             self.stop_reason = f"wall-time budget {run.max_wall_seconds:g} s"
         elif run.clock == "wall" and self.clock.now() >= self.time_budget():

@@ -75,11 +75,12 @@ def project_to_simplex(values: np.ndarray) -> np.ndarray:
 
 
 def cosine_to_rows(rows: np.ndarray, vector: np.ndarray) -> np.ndarray:
-    """cos(vector, rows_j) for every row, both norms clamped at >= 1e-12."""
-    vector64 = vector.astype(np.float64)
-    dots = rows @ vector64
-    norms = np.maximum(np.linalg.norm(rows, axis=1), 1e-12)
-    return dots / (norms * max(float(np.linalg.norm(vector64)), 1e-12))
+    """cos(vector, rows_j) for every row, both norms clamped at >= 1e-12 (float32 products
+    summed by BLAS; one pass over the rows, no copy)."""
+    dots = (rows @ vector).astype(np.float64)
+    norms = np.sqrt(np.einsum("ij,ij->i", rows, rows, dtype=np.float64))
+    own = float(np.sqrt(np.dot(vector.astype(np.float64), vector)))
+    return dots / (np.maximum(norms, 1e-12) * max(own, 1e-12))
 
 
 def multicast_group(stalenesses: list[tuple[int, int, int]], omega: float) -> list[int]:
@@ -166,7 +167,7 @@ class PACE(Strategy):
     # ------------------------------------------------------------ arrivals
     def solve_row(self, client: int, theta: np.ndarray) -> np.ndarray:
         """Eq. 2 / 15 for the arriving client against every buffer (itself included)."""
-        similarity = cosine_to_rows(self.phi.astype(np.float64), theta)
+        similarity = cosine_to_rows(self.phi, theta)
         return project_to_simplex(self.share + self.params.pace_gamma / 2.0 * similarity)
 
     def blend(self, client: int, theta: np.ndarray, tau: int) -> np.ndarray:
@@ -179,7 +180,9 @@ class PACE(Strategy):
         alpha = column / (np.diag(self.graph) + self.sequence_weight)
         if self.staleness_decay:
             alpha *= self.decay(tau)
-        self.phi += (alpha[:, None] * (theta[None, :] - self.phi)).astype(np.float32)
+        step = theta[None, :] - self.phi  # phi_j += alpha_ij (theta_i - phi_j), in float32
+        step *= alpha.astype(np.float32)[:, None]
+        self.phi += step
         return alpha
 
     def on_update(self, update: Update, view: View) -> Outcome:
@@ -190,7 +193,7 @@ class PACE(Strategy):
         self.sequence_length[client] = 0
         self.graph[client] = self.solve_row(client, theta)
         alpha = self.blend(client, theta, tau) if self.blends else np.zeros(len(self.phi))
-        self.model = self.phi.mean(axis=0)
+        self.model = self.phi.mean(axis=0, dtype=np.float64).astype(np.float32)
         outcome = Outcome(changed=True)
         group: list[int] = []
         if self.multicasts:

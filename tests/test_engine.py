@@ -305,3 +305,13 @@ def test_prefetch_queues_at_most_one_extra_task_per_client() -> None:
     engine.run_loop()
     assert most == 2 * engine.run.concurrency
     assert engine.version >= 40
+
+
+def test_update_budget_counts_accepted_updates() -> None:
+    engine = make_engine(
+        ScriptedTransport(6, delta_reply), FedAvg, max_updates=9, max_virtual_time=0.0
+    )
+    engine.run_loop()
+    assert engine.counters.accepted == 9  # three rounds of three
+    assert engine.version == 3
+    assert engine.stop_reason == "update budget 9"

@@ -1,0 +1,100 @@
+"""What every paper reproduction in bench/ shares: a grid of runs, run a few at a time in
+worker processes (one core each) and resumable (results.jsonl keeps every finished run),
+and the table helpers."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+Runner = Callable[["Job", str], dict[str, Any]]  # (job, runs dir) -> its result
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    labels: dict[str, Any]
+    config: dict[str, Any]
+
+
+def grid(
+    suite: str,
+    name: Callable[..., str],
+    axes: dict[str, Iterable[Any]],
+    config: Callable[..., dict],
+    seeds: int,
+) -> list[Job]:
+    """One job per combination of the axes' values and seed; `name` and `config` see them."""
+    jobs = []
+    for values in itertools.product(*axes.values(), range(seeds)):
+        labels = dict(zip([*axes, "seed"], values, strict=True))
+        settings = {**config(**labels), "seed": labels["seed"]}
+        jobs.append(Job(name(**labels), {"suite": suite, **labels}, settings))
+    return jobs
+
+
+def done_results(out: Path) -> dict[str, dict[str, Any]]:
+    """Run name -> result, of every run results.jsonl already holds."""
+    path = out / "results.jsonl"
+    if not path.exists():
+        return {}
+    return {r["name"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def finished(jobs: list[Job], out: Path) -> list[dict[str, Any]]:
+    done = done_results(out)
+    return [done[job.name] for job in jobs if job.name in done]
+
+
+def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[dict[str, Any]]:
+    """Run the jobs results.jsonl lacks with `runner` (a picklable top-level function or a
+    functools.partial of one), print progress with an ETA; every job's result, in order."""
+    done_path = out / "results.jsonl"
+    done = done_results(out)  # resume: keep what an earlier invocation finished
+    todo = [job for job in jobs if job.name not in done]
+    started = time.monotonic()
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(workers) as pool, done_path.open("a") as sink:
+        pending = [pool.apply_async(runner, (job, str(out / "runs"))) for job in todo]
+        for index, handle in enumerate(pending, 1):
+            result = handle.get()
+            sink.write(json.dumps(result) + "\n")
+            sink.flush()
+            done[result["name"]] = result
+            elapsed = time.monotonic() - started
+            eta = elapsed / index * (len(pending) - index)
+            print(
+                f"[{index}/{len(pending)}] {result['name']}: final "
+                f"{result['summary']['final_accuracy']:.4f} ({elapsed:.0f} s, eta {eta:.0f} s)",
+                flush=True,
+            )
+    return [done[job.name] for job in jobs]
+
+
+def mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n={len(values)})"
+
+
+def matching(results: list[dict[str, Any]], **labels: Any) -> list[dict[str, Any]]:
+    """The results whose labels equal every one given."""
+    return [r for r in results if all(r[key] == value for key, value in labels.items())]
+
+
+def finals(rows: list[dict[str, Any]]) -> list[float]:
+    """Final accuracies in percent."""
+    return [100 * r["summary"]["final_accuracy"] for r in rows]
+
+
+def table_head(title: str, columns: list[str]) -> list[str]:
+    return [title, "", "| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
