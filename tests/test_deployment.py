@@ -229,3 +229,34 @@ def test_supersede_and_per_client_evaluation_over_real_supernodes(tmp_path: Path
     assert metrics[-1]["accuracy"] > 0.3
     handled = [row["task"] for row in rows(runs / "sup" / "updates.jsonl")]
     assert len(handled) == len(set(handled)) == summary["updates_accepted"]
+
+
+def test_pace_multicast_and_personal_evaluation_over_real_supernodes(tmp_path: Path) -> None:
+    """PACE on real SuperNodes: a multicast supersedes the task the slow node is training
+    (its reply is dropped, its new task waits behind it) and every client's personalised
+    model is scored on that node's own split through Flower evaluate messages."""
+    runs = tmp_path / "runs"
+    config = {
+        **SMALL,
+        "strategy": "pace",
+        "test-split": "local",
+        "client-val-fraction": 0.25,
+        "pace-omega": 8.0,  # one task three arrivals behind (9 > 8) is multicast
+        "pace-multicast-max": 1,
+        "eval-interval": 20.0,
+        "max-updates": 10,
+        "runs-dir": str(runs),
+        "run-name": "pace",
+    }
+    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 0.0, 10.0]) as deployment:
+        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((runs / "pace" / "summary.json").read_text())
+    assert summary["evaluation"] == "per-client"
+    assert summary["tasks_superseded"] >= 1 and summary["tasks_lost"] == 0
+    assert summary["updates_accepted"] == 10 and summary["updates_rejected"] == 0
+    updates = rows(runs / "pace" / "updates.jsonl")
+    assert sum(row["multicast"] for row in updates) == summary["tasks_superseded"]
+    metrics = rows(runs / "pace" / "metrics.jsonl")
+    assert metrics and all(row["clients"] == 3 for row in metrics)
+    assert metrics[-1]["accuracy"] > 0.3
