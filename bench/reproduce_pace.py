@@ -265,7 +265,8 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
         ax.set_xlabel("virtual time")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("mean client accuracy")
-    axes[-1].legend(fontsize=8)
+    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda h: len(h[0]))
+    axes[-1].legend(handles, labels, fontsize=8)  # a partial grid may lack one partition
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
