@@ -29,6 +29,7 @@ from server_app import deploy
 from server_app.checkpoint import CHECKPOINT_FILE
 from server_app.heartbeat import STALE_SECONDS, server_died
 from server_app.launch import flower_env, parse_pairs, resolve, to_flower, tool
+from server_app.local_link import owned_local_superlink
 from server_app.results import runs_root
 
 
@@ -56,14 +57,8 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     print("fedstale: " + shlex.join(command), file=sys.stderr)
     run_dir = runs_root(run.runs_dir) / run.run_name
     started = time.time()
-    flower = subprocess.Popen(command, env=flower_env())
-    died = False
-    while flower.poll() is None:
-        time.sleep(1.0)
-        if server_died(run_dir, started) and not (run_dir / "summary.json").is_file():
-            died = True
-            flower.terminate()  # only the streaming client; Flower notices the dead run later
-            flower.wait(30)
+    with owned_local_superlink(superlink):
+        died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
     summary = run_dir / "summary.json"
     if not summary.is_file() or summary.stat().st_mtime < started:
         print(failure_message(run_dir, died, run_config, superlink), file=sys.stderr)
@@ -75,6 +70,17 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
         file=sys.stderr,
     )
     return 0
+
+
+def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:
+    """Wait for `flwr run` to end; True when the ServerApp died under it."""
+    while flower.poll() is None:
+        time.sleep(1.0)
+        if server_died(run_dir, started) and not (run_dir / "summary.json").is_file():
+            flower.terminate()  # only the streaming client; Flower notices the dead run later
+            flower.wait(30)
+            return True
+    return False
 
 
 def failure_message(run_dir: Path, died: bool, run_config: str, superlink: str) -> str:

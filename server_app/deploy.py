@@ -12,6 +12,7 @@ clock unless `clock=virtual` is given. The same flags appear in docker/compose.y
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import signal
@@ -92,6 +93,16 @@ def descendants(root: int) -> list[tuple[int, str]]:
         found.append((pid, commands.get(pid, "")))
         stack.extend(children.get(pid, []))
     return found
+
+
+def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop a process group and every process below its leader that left the group
+    (Flower's SuperLink starts a SuperExec, which starts the simulation or ServerApp)."""
+    below = [pid for pid, _ in descendants(process.pid)] if process.poll() is None else []
+    stop(process, grace)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def run_script(name: str, *args: str) -> None:
@@ -259,7 +270,7 @@ class LocalDeployment:
         for process in self.nodes.values():
             stop(process)
         if self.superlink is not None:
-            stop(self.superlink)
+            stop_tree(self.superlink)
 
     def __enter__(self) -> LocalDeployment:
         return self.start()

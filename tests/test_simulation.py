@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from client_app.local import local_transport
+from server_app.deploy import free_port, stop_tree, wait_for_port
 from server_app.experiment import run_experiment
-from server_app.launch import parse_pairs, tool
+from server_app.launch import flower_env, parse_pairs, tool
 from server_app.results import read_jsonl
 from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
@@ -169,3 +170,67 @@ def test_per_client_evaluation_in_flower_simulation(
     assert summary["evaluation"] == "per-client"
     local = in_process(config, tmp_path, "pc-local")
     assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(rows)
+
+
+def flower_processes() -> set[tuple[int, str]]:
+    """(pid, command line) of every live Flower process on the machine (zombies aside)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, IndexError, ValueError):
+            continue
+        if state != "Z" and ("flower-" in command or "flwr-" in command):
+            found.add((int(entry.name), command))
+    return found
+
+
+def local_connection_env(tmp_path: Path) -> dict[str, str]:
+    """Flower's default `local` connection (a FLWR_HOME of its own), on free local ports."""
+    env = flower_env(FLWR_HOME=str(tmp_path / "flwr-home"))
+    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
+    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+    return env
+
+
+def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
+    """On Flower's `local` connection `flwr run` would start a SuperLink and leave it (and its
+    SuperExec) running; `fedstale run` starts it itself and stops it. A local SuperLink that
+    was up before is used and left up."""
+    env = local_connection_env(tmp_path)
+    before = flower_processes()
+    command = [tool("fedstale"), "run", "--app", str(ROOT), "--run-config"]
+    config = f"{TINY} max-virtual-time=500 runs-dir={tmp_path}"
+    result = subprocess.run(
+        [*command, f"{config} run-name=own"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert (tmp_path / "own" / "summary.json").is_file()
+    assert flower_processes() - before == set()
+
+    link = [tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess"]
+    control = f"127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}"
+    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
+    theirs = subprocess.Popen(
+        [*link, "--control-api-address", control, "--host", "127.0.0.1", "--port", port],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for_port(int(port), 30, theirs, "superlink")
+        result = subprocess.run(
+            [*command, f"{config} run-name=reused"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "using the local SuperLink already up" in result.stderr
+        assert theirs.poll() is None  # not ours to stop
+    finally:
+        stop_tree(theirs)
+    assert flower_processes() - before == set()
