@@ -1,12 +1,19 @@
-"""Local running: the clients' work called in this process, behind the engine's Transport
-interface (server_app/inprocess.py), so that server_app never imports client_app."""
+"""Local running: the clients' work called in this process (or in worker processes), behind
+the engine's Transport interface (server_app/inprocess.py, server_app/pool.py), so that
+server_app never imports client_app."""
 
 from __future__ import annotations
 
 from client_app.task import evaluate_task, train_task
 from common.config import RunConfig
 from server_app.inprocess import InProcessTransport
+from server_app.pool import PooledTransport
 
 
 def local_transport(run: RunConfig) -> InProcessTransport:
     return InProcessTransport(run, train_task, evaluate_task)
+
+
+def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
+    """Clients trained in `workers` processes; close it (or use `with`) when the run ends."""
+    return PooledTransport(run, train_task, evaluate_task, workers)

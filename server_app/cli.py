@@ -1,22 +1,28 @@
-"""`fedstale`: check a run config, then run the app in Flower simulation.
+"""`fedstale`: check a run config, then run the app in Flower simulation or locally.
 
     fedstale check [--run-config "k=v ..."]
     fedstale run   [--run-config "k=v ..."] [--federation-config "k=v ..."] [--app DIR]
                    [--superlink NAME]
+    fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
+                   (no Flower: the same engine, clients trained in N processes)
     fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
                    (a local SuperLink and N SuperNodes: server_app/deploy.py)
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
 problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` and exits
-non-zero unless the run wrote its summary. String values need no quotes here
-(`strategy=fedasync` works; Flower itself wants `strategy='fedasync'`).
+non-zero unless the run wrote its summary. On Flower's `local` connection it starts the local
+SuperLink itself and stops it afterwards (server_app/local_link.py). `--local` runs the same
+engine and client code in this process, the clients' tasks on `--workers` cores; on the
+virtual clock its results equal Flower simulation's for the same seed. String values need no
+quotes here (`strategy=fedasync` works; Flower itself wants `strategy='fedasync'`).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
@@ -27,10 +33,12 @@ from typing import Any
 from common.config import ConfigError, RunConfig
 from server_app import deploy
 from server_app.checkpoint import CHECKPOINT_FILE
+from server_app.engine import EngineError
 from server_app.heartbeat import STALE_SECONDS, server_died
-from server_app.launch import flower_env, parse_pairs, resolve, to_flower, tool
+from server_app.launch import app_defaults, flower_env, parse_pairs, resolve, to_flower, tool
 from server_app.local_link import owned_local_superlink
 from server_app.results import runs_root
+from strategies.registry import load_config
 
 
 def flower_command(
@@ -59,9 +67,43 @@ def run_simulation(app: Path, run_config: str, federation: str, superlink: str =
     started = time.time()
     with owned_local_superlink(superlink):
         died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
+    return report(run, run_dir, started, failure_message(run_dir, died, run_config, superlink))
+
+
+def run_local(app: Path, run_config: str, workers: int) -> int:
+    """The engine in this process, clients' tasks on `workers` processes (1: in this one)."""
+    # The launcher joins both sides, as `flwr run` does; server_app's modules never do.
+    from client_app.local import local_transport, pooled_transport
+    from server_app.app import setup_logging
+    from server_app.experiment import run_experiment
+
+    _, overrides = resolve(app, parse_pairs(run_config))
+    run, params = load_config({**app_defaults(app), **overrides})
+    setup_logging()
+    workers = min(workers, run.concurrency)
+    run_dir = runs_root(run.runs_dir) / run.run_name
+    print(f"fedstale: {run.run_name} locally on {workers} worker(s)", file=sys.stderr)
+    started = time.time()
+    try:
+        if workers == 1:
+            run_experiment(run, params, local_transport(run))
+        else:
+            with pooled_transport(run, workers) as transport:
+                run_experiment(run, params, transport)
+    except EngineError as err:
+        print(f"fedstale: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("fedstale: interrupted", file=sys.stderr)
+    failure = failure_message(run_dir, False, run_config, "", local=True)
+    return report(run, run_dir, started, failure)
+
+
+def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
+    """The closing line (the result, or `failure`: what failed and how to resume) and the
+    exit code."""
     summary = run_dir / "summary.json"
     if not summary.is_file() or summary.stat().st_mtime < started:
-        print(failure_message(run_dir, died, run_config, superlink), file=sys.stderr)
+        print(failure, file=sys.stderr)
         return 1
     result = json.loads(summary.read_text())
     print(
@@ -83,7 +125,9 @@ def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:
     return False
 
 
-def failure_message(run_dir: Path, died: bool, run_config: str, superlink: str) -> str:
+def failure_message(
+    run_dir: Path, died: bool, run_config: str, superlink: str, local: bool = False
+) -> str:
     """One line on what happened, and the command that resumes when a checkpoint exists."""
     if died:
         head = (
@@ -97,6 +141,7 @@ def failure_message(run_dir: Path, died: bool, run_config: str, superlink: str) 
         return head
     pairs = {**parse_pairs(run_config), "run-name": run_dir.name, "resume-from": str(run_dir)}
     resume = [tool("fedstale"), "run", *(["--superlink", superlink] if superlink else [])]
+    resume += ["--local"] if local else []
     resume += ["--run-config", to_flower(pairs)]
     return f"{head}\nfedstale: resume from its last checkpoint with:\n  {shlex.join(resume)}"
 
@@ -117,13 +162,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--superlink", default="", help="SuperLink connection name (default: Flower's default)"
     )
+    parser.add_argument(
+        "--local", action="store_true", help="run without Flower, clients on local cores"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="with --local: processes training clients (default: the core count)",
+    )
     args = parser.parse_args(argv)
+    if not args.local and args.workers is not None:
+        parser.error("--workers goes with --local")
+    if args.local and (args.superlink or args.federation_config):
+        parser.error("--local runs without Flower; drop --superlink and --federation-config")
+    if args.workers is not None and args.workers < 1:
+        parser.error("--workers must be at least 1")
     app = args.app.resolve()
     try:
         if args.command == "check":
             run, _ = resolve(app, parse_pairs(args.run_config))
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
+        if args.local:
+            workers = args.workers or len(os.sched_getaffinity(0))
+            return run_local(app, args.run_config, workers)
         return run_simulation(app, args.run_config, args.federation_config, args.superlink)
     except ConfigError as err:
         print(f"fedstale: {err}", file=sys.stderr)

@@ -489,10 +489,18 @@ class Engine:
                 self.evaluate_due(self.wall_due_time())
                 self.guard_stall()
                 with self.watch("idle"):
-                    time.sleep(self.run.poll_interval)
+                    self.idle(self.run.poll_interval)
             if self.progress is not None:
                 self.progress(self)
         self.finish()
+
+    def idle(self, seconds: float) -> None:
+        """Sleep between polls; a transport that can tell when work finishes ends it early."""
+        wait = getattr(self.transport, "wait", None)
+        if wait is None:
+            time.sleep(seconds)
+        else:
+            wait(seconds)
 
     def wall_due_time(self) -> float:
         """On the wall clock evaluations fall due as time passes, not only on replies."""

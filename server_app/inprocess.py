@@ -58,21 +58,25 @@ class InProcessTransport:
         if message_type == MSG_QUERY:
             self.replies[msg_id] = Reply(msg_id, metrics={ReplyKeys.PARTITION_ID: partition})
         elif message_type == MSG_TRAIN:
-            metrics, result, outputs = self.client_work(
-                self.train_fn,
-                partition,
-                config,
-                dict(arrays or {}),
-                sets,
-                self.states.setdefault(partition, {}),
-            )
-            self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)
+            self.train(msg_id, partition, dict(config), dict(arrays or {}), sets)
         elif message_type == MSG_EVALUATE:
-            metrics = self.client_work(self.evaluate_fn, partition, config, dict(arrays or {}))
-            self.replies[msg_id] = Reply(msg_id, metrics=metrics)
+            self.evaluate(msg_id, partition, dict(config), dict(arrays or {}))
         else:
             raise ValueError(f"the in-process transport does not run '{message_type}' tasks")
         return msg_id
+
+    def train(
+        self, msg_id: str, partition: int, config: dict, arrays: Arrays, sets: ArraySets | None
+    ) -> None:
+        state = self.states.setdefault(partition, {})
+        metrics, result, outputs = self.client_work(
+            self.train_fn, partition, config, arrays, sets, state
+        )
+        self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)
+
+    def evaluate(self, msg_id: str, partition: int, config: dict, arrays: Arrays) -> None:
+        metrics = self.client_work(self.evaluate_fn, partition, config, arrays)
+        self.replies[msg_id] = Reply(msg_id, metrics=metrics)
 
     def client_work(self, work: Callable[..., Any], *args: Any) -> Any:
         """The client's work (which sets `client-threads`); the server keeps its threads."""

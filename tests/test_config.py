@@ -78,6 +78,29 @@ def test_cli_check_accepts_a_good_config() -> None:
     assert main(["check", "--app", str(ROOT), "--run-config", "strategy=fedasync"]) == 0
 
 
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--workers", "2"], "--workers goes with --local"),
+        (["--local", "--superlink", "x"], "--local runs without Flower; drop --superlink"),
+        (["--local", "--workers", "0"], "--workers must be at least 1"),
+    ],
+)
+def test_cli_local_flags_are_checked(
+    argv: list[str], line: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--app", str(ROOT), *argv])
+    assert exit_info.value.code == 2
+    assert line in capsys.readouterr().err
+
+
+def test_cli_local_bad_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["run", "--local", "--app", str(ROOT), "--run-config", "lr=-1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedstale: ") and "lr" in err[0]
+
+
 def test_pyproject_defaults_match_the_models() -> None:
     """Every key in [tool.flwr.app.config] is known, with the same default as its model."""
     import tomllib

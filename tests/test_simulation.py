@@ -56,6 +56,21 @@ def test_tiny_run_beats_chance_and_replays_identically(
     assert without_wall(read_jsonl(tmp_path / "c" / "metrics.jsonl")) == metrics_a
     assert read_jsonl(tmp_path / "c" / "updates.jsonl") == read_jsonl(first_dir / "updates.jsonl")
 
+    # `fedstale run --local` on two worker processes: the same run again.
+    pooled = fedstale_local(tmp_path, "d", TINY + " seed=5", workers=2)
+    assert without_wall(read_jsonl(pooled / "metrics.jsonl")) == metrics_a
+    assert read_jsonl(pooled / "updates.jsonl") == read_jsonl(first_dir / "updates.jsonl")
+
+
+def fedstale_local(runs: Path, name: str, config: str, workers: int) -> Path:
+    """`fedstale run --local --workers N` as a user runs it; its run folder."""
+    command = [tool("fedstale"), "run", "--local", "--workers", str(workers), "--app", str(ROOT)]
+    command += ["--run-config", f"{config} run-name={name} runs-dir={runs}"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"locally on {workers} worker(s)" in result.stderr
+    return runs / name
+
 
 def test_corrupt_replies_are_rejected_and_the_run_finishes(
     superlink: SimulationSuperLink, tmp_path: Path
@@ -149,11 +164,14 @@ def test_superseded_tasks_over_flower_match_the_in_process_run(
     assert summary["tasks_superseded"] > 0 and summary["tasks_lost"] == 0
     ended = summary["updates_accepted"] + summary["updates_rejected"] + summary["tasks_superseded"]
     assert 0 <= summary["tasks_dispatched"] - ended <= 3  # the rest were in flight at the end
-    local = in_process(config, tmp_path, "sup-local")
-    assert read_jsonl(local / "updates.jsonl") == read_jsonl(run_dir / "updates.jsonl")
-    assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(
-        read_jsonl(run_dir / "metrics.jsonl")
-    )
+    for local in (
+        in_process(config, tmp_path, "sup-local"),
+        fedstale_local(tmp_path, "sup-pooled", config, workers=2),
+    ):
+        assert read_jsonl(local / "updates.jsonl") == read_jsonl(run_dir / "updates.jsonl")
+        assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(
+            read_jsonl(run_dir / "metrics.jsonl")
+        )
 
 
 def test_per_client_evaluation_in_flower_simulation(

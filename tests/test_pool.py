@@ -1,0 +1,73 @@
+"""The pooled in-process transport: a client's tasks run in the order sent, with its kept
+state carried from one to the next, whichever worker runs them; client errors become error
+replies. Equality with Flower simulation is checked in tests/test_simulation.py."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, MutableMapping
+from typing import Any
+
+import numpy as np
+
+from common.config import RunConfig
+from common.schema import MSG_EVALUATE, MSG_TRAIN
+from server_app.inprocess import NODE_BASE
+from server_app.pool import PooledTransport
+from tests.helpers import run_config
+
+
+def counting_train(
+    run: RunConfig,
+    partition: int,
+    config: Mapping[str, Any],
+    arrays: dict[str, np.ndarray],
+    sets: Any,
+    state: MutableMapping[str, np.ndarray],
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
+    """Counts this client's tasks in its kept state; slow on the first task so that a
+    second worker would overtake it if the transport let it."""
+    if config["fail"]:
+        raise ValueError("boom")
+    seen = int(state.get("tasks", np.zeros(1))[0]) + 1
+    time.sleep(0.5 if seen == 1 else 0.0)
+    state["tasks"] = np.array([seen])
+    return {"seen": seen, "order": config["order"]}, {"w": arrays["w"] + 1}, {}
+
+
+def scoring(run: RunConfig, partition: int, config: Mapping[str, Any], arrays: dict) -> dict:
+    return {"partition": partition, "sum": float(arrays["w"].sum())}
+
+
+def collect(transport: PooledTransport, msg_ids: list[str], timeout: float = 60) -> dict:
+    replies: dict = {}
+    deadline = time.monotonic() + timeout
+    while len(replies) < len(msg_ids) and time.monotonic() < deadline:
+        replies.update({r.msg_id: r for r in transport.receive(msg_ids)})
+        transport.wait(0.1)
+    return replies
+
+
+def test_a_clients_tasks_run_in_order_with_its_state_on_two_workers() -> None:
+    with PooledTransport(run_config(), counting_train, scoring, workers=2) as transport:
+        w = {"w": np.zeros(3, dtype=np.float32)}
+        sent = [
+            transport.send(NODE_BASE + client, MSG_TRAIN, {"order": i, "fail": False}, w)
+            for i, client in enumerate([0, 0, 1, 0])
+        ]
+        replies = collect(transport, sent)
+    seen = [replies[m].metrics["seen"] for m in sent]
+    assert seen == [1, 2, 1, 3]  # client 0's second task waited for its first
+    assert all(np.array_equal(replies[m].arrays["w"], np.ones(3)) for m in sent)
+
+
+def test_a_client_exception_is_an_error_reply_and_the_clients_next_task_runs() -> None:
+    with PooledTransport(run_config(), counting_train, scoring, workers=2) as transport:
+        w = {"w": np.ones(2, dtype=np.float32)}
+        bad = transport.send(NODE_BASE, MSG_TRAIN, {"order": 0, "fail": True}, w)
+        good = transport.send(NODE_BASE, MSG_TRAIN, {"order": 1, "fail": False}, w)
+        score = transport.send(NODE_BASE + 2, MSG_EVALUATE, {}, w)
+        replies = collect(transport, [bad, good, score])
+    assert replies[bad].error_code == 1 and replies[bad].error == "ValueError: boom"
+    assert replies[good].error_code is None and replies[good].metrics["seen"] == 1
+    assert replies[score].metrics == {"partition": 2, "sum": 2.0}
