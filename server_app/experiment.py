@@ -21,7 +21,7 @@ from server_app import checkpoint
 from server_app.engine import Engine
 from server_app.evaluation import ClientScorer, Evaluator
 from server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
-from server_app.progress import Progress
+from server_app.progress import progress_for
 from server_app.results import RunRecorder, aulc, run_name, runs_root
 from server_app.transport import Transport
 from strategies.base import Strategy
@@ -184,6 +184,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     bind_server_signals(run, strategy)
     bind_client_sizes(run, strategy)
     latency = profile_for(run)
+    progress = progress_for(run.progress_interval)
     engine = Engine(
         run,
         strategy,
@@ -192,7 +193,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         latency,
         evaluator,
         recorder,
-        Progress(run.progress_interval),
+        progress,
         checkpointer(recorder),
         make_client_scorer(run),
     )
@@ -205,6 +206,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
         with Heartbeat(recorder.dir / HEARTBEAT_FILE):
             engine.run_loop()
     finally:
+        progress.close()
         recorder.close()
     summary = summarize(engine, time.monotonic() - started)
     recorder.write_summary(summary)

@@ -1,0 +1,44 @@
+"""Progress reporting: the budget share behind the bar and ETA; the bar only on a terminal."""
+
+from __future__ import annotations
+
+import io
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from server_app import progress
+from tests.helpers import run_config
+
+
+def engine_at(clock: float, accepted: int, version: int, **budgets: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        run=run_config(**budgets),
+        counters=SimpleNamespace(accepted=accepted),
+        version=version,
+        clock=SimpleNamespace(now=lambda: clock),
+        wall_start=time.monotonic(),
+    )
+
+
+def test_the_share_is_the_nearest_budget() -> None:
+    assert progress.budget_share(engine_at(250, 10, 1, max_virtual_time=1000)) == 0.25
+    both = engine_at(250, 60, 1, max_virtual_time=1000, max_updates=100)
+    assert progress.budget_share(both) == 0.6
+    on_target_only = engine_at(250, 60, 1, max_virtual_time=0, target_accuracy=0.9)
+    assert progress.budget_share(on_target_only) == 0.0
+
+
+def test_the_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert isinstance(progress.progress_for(5.0), progress.Progress)
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr("sys.stderr", Terminal())
+    bar = progress.progress_for(5.0)
+    assert isinstance(bar, progress.ProgressBar)
+    bar.close()
