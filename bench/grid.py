@@ -7,7 +7,6 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
-import statistics
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -76,14 +75,6 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
                 flush=True,
             )
     return [done[job.name] for job in jobs]
-
-
-def mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f} (n={len(values)})"
 
 
 def matching(results: list[dict[str, Any]], **labels: Any) -> list[dict[str, Any]]:

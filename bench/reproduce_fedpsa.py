@@ -25,7 +25,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, grid, matching, mean_std, run_all, table_head
+from bench.grid import Job, finals, finished, grid, matching, run_all, table_head
+from server_app.compare import Group, Run, mean_std, plot_accuracy
 
 DAY = 86_400.0
 METHODS = ("fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa")
@@ -277,6 +278,12 @@ MARKDOWN = {
 }
 
 
+def as_run(result: dict[str, Any]) -> Run:
+    """A grid result (summary and curve) as fedstale compare's Run."""
+    times, accuracies = zip(*result["curve"], strict=True)
+    return Run(Path(result["name"]), dict(result), result["summary"], list(times), list(accuracies))
+
+
 def plot_curves(results: list[dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -285,16 +292,13 @@ def plot_curves(results: list[dict[str, Any]], path: Path) -> None:
 
     fig, axes = plt.subplots(1, len(ALPHAS), figsize=(5 * len(ALPHAS), 4), sharey=True)
     for ax, alpha in zip(axes, ALPHAS, strict=True):
-        for method in METHODS:
-            rows = matching(results, method=method, alpha=alpha)
-            if not rows:
-                continue
-            times = [t / DAY for t, _ in rows[0]["curve"]]
-            accuracy = [statistics.mean(r["curve"][i][1] for r in rows) for i in range(len(times))]
-            ax.plot(times, accuracy, label=method, linewidth=1.3)
+        groups = [
+            Group(method, [as_run(r) for r in rows])
+            for method in METHODS
+            if (rows := matching(results, method=method, alpha=alpha))
+        ]
+        plot_accuracy(ax, groups)
         ax.set_title(f"Fashion-MNIST, Dir({alpha})")
-        ax.set_xlabel("virtual days")
-        ax.grid(alpha=0.3)
     axes[0].set_ylabel("test accuracy")
     axes[-1].legend(*axes[0].get_legend_handles_labels())  # a partial grid may lack alpha 1.0
     fig.tight_layout()

@@ -33,7 +33,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finished, matching, mean_std, run_all, table_head
+from bench.grid import Job, finished, matching, run_all, table_head
+from server_app.compare import mean_std
 
 PARTITIONS = {
     "dir0.1": {

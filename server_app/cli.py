@@ -5,6 +5,8 @@
                    [--superlink NAME]
     fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
                    (no Flower: the same engine, clients trained in N processes)
+    fedstale compare RUN... [--last K] [--target ACC] [--out DIR]
+                   (runs on one plot and one table: server_app/compare.py)
     fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
                    (a local SuperLink and N SuperNodes: server_app/deploy.py)
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, RunConfig
-from server_app import deploy
+from server_app import compare, deploy
 from server_app.checkpoint import CHECKPOINT_FILE
 from server_app.engine import EngineError
 from server_app.heartbeat import STALE_SECONDS, server_died
@@ -148,6 +150,8 @@ def failure_message(
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare.main(argv[1:])
     if argv[:1] == ["deploy"]:
         try:
             return deploy.main(argv[1:])
@@ -155,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"fedstale: {err}", file=sys.stderr)
             return 2
     parser = argparse.ArgumentParser(prog="fedstale", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["check", "run", "deploy"])
+    parser.add_argument("command", choices=["check", "run", "deploy", "compare"])
     parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
     parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
