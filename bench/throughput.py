@@ -1,25 +1,28 @@
-"""Client updates per second of the default experiment in Flower simulation, against a bare
-single-process PyTorch loop doing the identical local training, from one run.
+"""Client updates per second of Flower simulation and of `fedstale run --local` (one worker
+and every core), each as a ratio against a bare PyTorch loop measured in the same run.
 
-    python -m bench.throughput [--virtual-time 30000] [--tasks 400]
+    python -m bench.throughput [--models linear,lenet] [--workers N] [--run-config "k=v"]
 
-Reference: `client_app.training.local_train` (the function the ClientApp calls) on the same
-clients' data, clients drawn uniformly at random, in this process with torch's default
-threads and the run's `trainer` (`--run-config trainer=autograd` compares autograd on both
-sides). Simulation: `fedstale run` with the default config (FedBuff, Fashion-MNIST, linear
-model, 50 clients, concurrency 10) on a SuperLink of this benchmark's own, rate measured over
-the engine's loop (after every node answered). Prints both rates, the ratio, and where the
-simulation's time goes.
+Reference: `client_app.training.local_train` (the function every client calls) on one thread
+in this process, on the same clients' data, clients drawn uniformly at random, with the
+run's trainer; "per core" ratios divide by (reference x cores), the most that `cores`
+one-thread clients can do. The runs: the default experiment (FedBuff, Fashion-MNIST, 50
+clients, concurrency 10) with `model=` each model, on a virtual-time budget sized to a few
+hundred updates, rates over the engine's loop (after every node answered). Targets (issue 16):
+`--local` on 2 workers >= 1.8x one worker; Flower simulation with the CNN >= 0.9x the
+reference per core.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,34 +36,42 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from tests.flower_procs import SimulationSuperLink  # noqa: E402
 
+BUDGETS = {"linear": 30_000.0, "lenet": 8_000.0, "cnn-mnist": 2_000.0}  # virtual time per run
 
-def bare_rate(config: dict, tasks: int) -> float:
+
+def bare_rate(config: dict[str, Any], tasks: int) -> float:
+    """Local training tasks per second on one thread, no server, no transport."""
     run = parse_run_config(config)
     fed = federation_of(run)
     for client in range(run.num_clients):
         client_data(run, client)
     model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
     rng = np.random.default_rng(0)
-    start = time.perf_counter()
-    for task in range(tasks):
-        x, y = client_data(run, int(rng.integers(run.num_clients)))
-        local_train(
-            model,
-            x,
-            y,
-            epochs=run.local_epochs,
-            batch_size=run.batch_size,
-            lr=run.lr,
-            seed=task,
-            closed_form=run.trainer == "auto",
-        )
-    return tasks / (time.perf_counter() - start)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        start = time.perf_counter()
+        for task in range(tasks):
+            x, y = client_data(run, int(rng.integers(run.num_clients)))
+            local_train(
+                model,
+                x,
+                y,
+                epochs=run.local_epochs,
+                batch_size=run.batch_size,
+                lr=run.lr,
+                seed=task,
+                closed_form=run.trainer == "auto",
+            )
+        return tasks / (time.perf_counter() - start)
+    finally:
+        torch.set_num_threads(threads)
 
 
-def simulation_summary(config: str, workdir: Path) -> dict:
+def simulation_summary(config: str, workdir: Path) -> dict[str, Any]:
     link = SimulationSuperLink(workdir / "flwr-home").start()
     try:
-        result, run_dir = link.run_app(ROOT, workdir / "runs", "throughput", config, 1200)
+        result, run_dir = link.run_app(ROOT, workdir / "runs", "sim", config, 1800)
     finally:
         link.stop()
     if result.returncode != 0:
@@ -68,30 +79,65 @@ def simulation_summary(config: str, workdir: Path) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--virtual-time", type=float, default=30000.0)
-    parser.add_argument("--tasks", type=int, default=400, help="tasks for the bare loop")
-    parser.add_argument("--run-config", default="", help="extra key=value pairs for both")
-    args = parser.parse_args()
+def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
+    from client_app.local import local_transport, pooled_transport
+    from server_app.experiment import run_experiment
+    from server_app.launch import parse_pairs
+    from strategies.registry import load_config
+
+    name = f"local-{workers}"
+    values = {**parse_pairs(config), "run-name": name, "runs-dir": str(workdir / "runs")}
+    run, params = load_config(values)
+    if workers == 1:
+        return run_experiment(run, params, local_transport(run))
+    with pooled_transport(run, workers) as transport:
+        return run_experiment(run, params, transport)
+
+
+def measure(model: str, extra: str, tasks: int, workers: int) -> dict[str, float]:
     from server_app.launch import parse_pairs
 
-    extra = parse_pairs(args.run_config)
-    reference = bare_rate(extra, args.tasks)
+    budget = BUDGETS.get(model, 8_000.0)
+    config = (
+        f"model={model} max-virtual-time={budget} eval-interval={budget / 2} "
+        f"progress-interval=60 {extra}"
+    )
+    rates = {"bare loop, 1 thread": bare_rate(parse_pairs(config), tasks)}
     with tempfile.TemporaryDirectory() as tmp:
-        config = f"max-virtual-time={args.virtual_time} {args.run_config}"
-        summary = simulation_summary(config, Path(tmp))
-    rate = summary["updates_per_second"]
-    loop = summary["loop_seconds"]
-    print(f"bare PyTorch loop    : {reference:7.2f} updates/s ({torch.get_num_threads()} threads)")
-    print(f"Flower simulation    : {rate:7.2f} updates/s ({summary['updates_accepted']} updates)")
-    print(f"ratio                : {rate / reference:7.3f}")
-    print(f"final accuracy       : {summary['final_accuracy']:.4f}")
-    busy = summary["client_compute_seconds"]
-    print(f"loop wall seconds    : {loop:7.1f}")
-    print(f"client handler time  : {busy:7.1f} s ({busy / loop:.2f} ClientApps busy on average)")
-    for phase, seconds in summary["engine_seconds"].items():
-        print(f"server {phase:<14}: {seconds:7.1f} s ({seconds / loop:.1%} of the loop)")
+        sim = simulation_summary(config, Path(tmp))
+        rates["Flower simulation"] = sim["updates_per_second"]
+        rates["--local, 1 worker"] = local_summary(config, Path(tmp), 1)["updates_per_second"]
+        local = local_summary(config, Path(tmp), workers)
+        rates[f"--local, {workers} workers"] = local["updates_per_second"]
+    same = sim["final_accuracy"] == local["final_accuracy"]
+    print(
+        f"  ({model}: {sim['updates_accepted']} updates a run; final accuracy "
+        f"{'identical' if same else 'DIFFERS'} in simulation and --local)"
+    )
+    return rates
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="linear,lenet")
+    parser.add_argument("--tasks", type=int, default=100, help="tasks of the bare loop")
+    parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--run-config", default="", help="extra key=value pairs for every run")
+    args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    print(f"{cores} cores; updates per second and ratios against the bare loop on one thread")
+    for model in args.models.split(","):
+        rates = measure(model, args.run_config, args.tasks, args.workers)
+        reference = rates["bare loop, 1 thread"]
+        print(f"| {model} | updates/s | x bare loop | x bare loop per core |")
+        print("| --- | --- | --- | --- |")
+        for label, rate in rates.items():
+            print(
+                f"| {label} | {rate:.2f} | {rate / reference:.2f} | "
+                f"{rate / (reference * cores):.2f} |"
+            )
+        one, many = rates["--local, 1 worker"], rates[f"--local, {args.workers} workers"]
+        print(f"--local speed-up on {args.workers} workers: {many / one:.2f}x\n")
 
 
 if __name__ == "__main__":
