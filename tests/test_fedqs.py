@@ -1,0 +1,97 @@
+"""FedQS's rules against values worked by hand (ALGORITHMS.md, FedQS section)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from strategies import fedqs as q
+
+
+def test_minmax_angle_of_two_small_tensors() -> None:
+    # [0,1,2] -> [0,.5,1]; [2,1,0] -> [1,.5,0]; cos = .25 / 1.25 = .2
+    assert q.minmax_angle(np.array([0.0, 1, 2]), np.array([2.0, 1, 0])) == pytest.approx(
+        math.degrees(math.acos(0.2))
+    )
+    assert q.minmax_angle(np.array([1.0, 2, 3]), np.array([2.0, 4, 6])) == pytest.approx(
+        0.0, abs=1e-5
+    )
+    assert q.minmax_angle(np.array([1.0, 1, 1]), np.array([2.0, 4, 6])) is None
+
+
+def test_similarity_is_the_mean_over_tensors_skipping_constant_ones() -> None:
+    a = np.array([0.0, 1, 2, 5, 5, 1, 3], dtype=np.float32)
+    b = np.array([2.0, 1, 0, 1, 2, 3, 1], dtype=np.float32)
+    segments = [(0, 3), (3, 5), (5, 7)]  # the middle tensor of a is constant
+    # tensor 3: [1,3] -> [0,1]; [3,1] -> [1,0]: 90 degrees
+    assert q.similarity(a, b, segments, "angle") == pytest.approx(
+        (math.degrees(math.acos(0.2)) + 90.0) / 2
+    )
+    # l1: |a-b| per tensor: 2+0+2, 4+3, 2+2 -> mean of 4, 7, 4
+    assert q.similarity(a, b, segments, "l1") == pytest.approx(5.0)
+    assert q.similarity(a, b, segments, "l2") == pytest.approx(
+        (math.sqrt(8) + 5.0 + math.sqrt(8)) / 3
+    )
+    assert q.similarity(a[3:5], b[3:5], [(0, 2)], "angle") is None
+
+
+def test_four_made_up_clients_their_types_lr_and_momentum() -> None:
+    speed_ths, theta_ths, lr, a, m0, k, cap = 1.0, 40.0, 0.1, 0.002, 0.1, 20.0, 0.4
+    clients = {  # speed, theta
+        "A": (2.0, 60.0),
+        "B": (0.5, 50.0),
+        "C": (1.5, 20.0),
+        "D": (0.25, 36.0),
+    }
+    kinds = {n: q.classify(s, t, speed_ths, theta_ths) for n, (s, t) in clients.items()}
+    assert kinds == {"A": q.FBC, "B": q.SBC, "C": q.FUC, "D": q.SUC}
+    factors = {n: q.speed_factor(s, speed_ths) for n, (s, _) in clients.items()}
+    assert factors == pytest.approx({"A": 0.5, "B": 2.0, "C": 2 / 3, "D": 4.0})
+    lrs = {n: q.new_lr(kinds[n], lr, factors[n], a, (1e-3, 0.2)) for n in clients}
+    assert lrs == pytest.approx({"A": 0.1, "B": 0.104, "C": 0.1 - 0.002 * 2 / 3, "D": 0.108})
+    # C: 0.1 + min(20 (0.1 * 40 / 20 - 0.1), 0.4) = 0.5; D: 0.1 + 20 (0.1 * 40 / 36 - 0.1)
+    assert q.aligned_momentum(20.0, theta_ths, m0, k, cap) == pytest.approx(0.5)
+    assert q.aligned_momentum(36.0, theta_ths, m0, k, cap) == pytest.approx(0.1 + 20 / 90)
+    assert q.aligned_momentum(0.0, theta_ths, m0, k, cap) == pytest.approx(0.5)
+    assert q.sbc_action(35.0, m0, 30.0) == (0.0, True)  # B with a wide spread
+    assert q.sbc_action(10.0, m0, 30.0) == (0.1, False)
+
+
+def test_unclassifiable_clients_and_lr_bounds() -> None:
+    assert q.classify(0.0, 10.0, 1.0, 40.0) is None  # never aggregated
+    assert q.classify(1.0, None, 1.0, 40.0) is None  # no angle yet
+    assert q.classify(1.0, 10.0, 0.0, 40.0) is None  # no threshold yet
+    assert q.speed_factor(0.05, 1.0) == 9.0
+    assert q.new_lr(q.SUC, 0.199, 9.0, 0.002, (1e-3, 0.2)) == 0.2
+    assert q.new_lr(q.FUC, 0.002, 9.0, 0.002, (1e-3, 0.2)) == 1e-3
+
+
+def test_weights_of_a_k3_aggregation_with_one_flagged_update() -> None:
+    # p = [.25, .5, .25]; update 0 flagged: (e/2)^(0.1 - 2/20) (1 + min(30/20, 2)^2) = 3.25
+    weights = q.aggregation_weights(
+        examples=np.array([100, 200, 100]),
+        counts=np.array([2.0, 1.0, 3.0]),
+        total_count=20.0,
+        flags=np.array([True, False, False]),
+        thetas=np.array([30.0, 0.0, 0.0]),
+        theta_bar=20.0,
+    )
+    assert weights == pytest.approx([0.8125 / 1.5625, 0.5 / 1.5625, 0.25 / 1.5625])
+    # a frequent client's flag counts for less: f_i / sum f = 0.6 -> (e/2)^-0.5
+    frequent = q.aggregation_weights(
+        np.array([1, 1]),
+        np.array([12.0, 1.0]),
+        20.0,
+        np.array([True, False]),
+        np.array([80.0, 0.0]),
+        20.0,
+    )
+    boost = (math.e / 2) ** -0.5 * 5.0  # min(80/20, 2)^2 = 4
+    assert frequent == pytest.approx([boost / (boost + 1), 1 / (boost + 1)])
+
+
+def test_thresholds_are_means_of_the_non_zero_values() -> None:
+    assert q.mean_nonzero(np.array([0.0, 2.0, 4.0, 0.0])) == 3.0
+    assert q.mean_nonzero(np.zeros(3)) == 0.0
