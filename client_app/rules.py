@@ -8,7 +8,7 @@ rule lives in strategies/<name>.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -16,7 +16,7 @@ import torch
 
 from client_app.training import LossTerm
 from common.config import RunConfig
-from common.federation import data_shape
+from common.federation import client_data, data_shape
 from common.models import ParamLayout
 from common.schema import RuleKeys, SignalKeys, TaskSpec
 from common.sensitivity import sketch_for_task
@@ -78,10 +78,51 @@ class CosineToStart(ClientRule):
         task.loss_terms.append(term)
 
 
+class ClassSpread(ClientRule):
+    """FedQS: a slow, misaligned client (SBC) measures the received model's per-class
+    accuracy spread on its own training data before it trains; a wide spread turns its
+    momentum off and raises the feedback flag. Every FedQS reply carries the task's flag,
+    the momentum it trained with and the spread (-1 where it was not asked for)."""
+
+    SAMPLES_PER_CLASS = 20
+    FEW = 10  # a class with fewer samples counts half
+
+    def before(self, task: LocalTask) -> None:
+        kind = str(task.spec.extra.get(RuleKeys.FEDQS_TYPE, ""))
+        task.signals[RuleKeys.FEDQS_FLAG] = 1.0 if kind == "FBC" else 0.0
+        task.signals[RuleKeys.FEDQS_SPREAD] = -1.0
+        if kind == "SBC":
+            spread = self.spread(task)
+            wide = spread >= float(task.spec.extra[RuleKeys.FEDQS_SPREAD_LIMIT])
+            momentum = 0.0 if wide else float(task.spec.extra[RuleKeys.FEDQS_M0])
+            task.spec = replace(task.spec, momentum=momentum)
+            task.signals[RuleKeys.FEDQS_FLAG] = float(wide)
+            task.signals[RuleKeys.FEDQS_SPREAD] = spread
+        task.signals[RuleKeys.FEDQS_MOMENTUM] = float(task.spec.momentum)
+
+    def spread(self, task: LocalTask) -> float:
+        """max - min, in points, of the per-class accuracy on up to 20 samples of each class
+        the client holds (halved for a class with fewer than 10)."""
+        x, y = client_data(task.cfg, task.partition, "train")
+        device = next(task.model.parameters()).device
+        accuracies = []
+        task.model.eval()
+        with torch.no_grad():
+            for label in torch.unique(y):
+                rows = torch.nonzero(y == label).flatten()
+                picked = rows[: self.SAMPLES_PER_CLASS]
+                guess = task.model(x[picked].to(device)).argmax(dim=1).cpu()
+                accuracy = float((guess == label).float().mean())
+                accuracies.append(accuracy / 2 if len(rows) < self.FEW else accuracy)
+        return 100.0 * (max(accuracies) - min(accuracies))
+
+
 RULES: dict[str, tuple[ClientRule, ...]] = {
     "fedpsa": (SensitivitySketch(),),
     "pace": (CosineToStart(),),
     "pfedgraph-async": (CosineToStart(),),
+    "fedqs-sgd": (ClassSpread(),),
+    "fedqs-avg": (ClassSpread(),),
 }
 
 

@@ -62,6 +62,7 @@ def train_task(
     rules = rules_for(cfg.strategy)
     for rule in rules:
         rule.before(task)
+    spec = task.spec  # a rule may have set the task's optimiser settings
     device = next(model.parameters()).device
     x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
     loss = local_train(

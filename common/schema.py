@@ -77,6 +77,12 @@ class RuleKeys:
     """Task-config entries of the client-side rules other than FedPSA's."""
 
     PACE_LAMBDA = "pace-lambda"  # PACE / pFedGraph: weight of lambda (1 - cos(w, w_start))
+    FEDQS_TYPE = "fedqs-type"  # FedQS: the client's type at dispatch ("" when unclassified)
+    FEDQS_M0 = "fedqs-m0"  # FedQS SBC: the momentum when its spread is narrow
+    FEDQS_SPREAD_LIMIT = "fedqs-spread-limit"  # FedQS SBC: spread (points) that flags it
+    FEDQS_FLAG = "fedqs-flag"  # reply: the task's feedback flag (0 / 1)
+    FEDQS_MOMENTUM = "fedqs-momentum"  # reply: the momentum the task trained with
+    FEDQS_SPREAD = "fedqs-spread"  # reply: the per-class accuracy spread (-1: not asked)
 
 
 class ReplyKeys:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -99,6 +100,15 @@ def bind_client_sizes(run: RunConfig, strategy: Strategy) -> None:
         bind(np.array([len(idx) for idx in fed.train_idx], dtype=np.float64))
 
 
+def bind_segments(strategy: Strategy, layout: ParamLayout) -> None:
+    """Where each parameter tensor lies in the flat vector, for a rule that works per
+    tensor (FedQS's angle)."""
+    bind = getattr(strategy, "bind_segments", None)
+    if bind is not None:
+        ends = np.cumsum([0, *layout.sizes])
+        bind([(int(a), int(b)) for a, b in itertools.pairwise(ends)])
+
+
 def diagnostic_batch(run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """The held-out test batch behind the Sec. 6.6 gradients (eq. 21)."""
     x_test, y_test = test_data(run)
@@ -183,6 +193,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     strategy = build_strategy(run, params, initial)
     bind_server_signals(run, strategy)
     bind_client_sizes(run, strategy)
+    bind_segments(strategy, layout)
     latency = profile_for(run)
     progress = progress_for(run.progress_interval)
     engine = Engine(

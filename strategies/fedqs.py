@@ -9,9 +9,17 @@ unit-tested against values worked by hand (tests/test_fedqs.py).
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
+from pydantic import Field
+
+from common.config import KebabModel, RunConfig
+from common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
+from strategies.base import Assignment, Outcome, Strategy, Update, View, update_record
 
 FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
 TYPES = (FBC, SBC, FUC, SUC)
@@ -83,13 +91,6 @@ def speed_factor(speed: float, speed_ths: float, cap: float = 9.0) -> float:
     return min(speed_ths / speed, cap)
 
 
-def sbc_action(spread: float, m0: float, limit: float) -> tuple[float, bool]:
-    """An SBC client's momentum and feedback flag from its per-class accuracy spread (in
-    points): a wide spread turns momentum off and asks for the feedback weight."""
-    wide = spread >= limit
-    return (0.0 if wide else m0), wide
-
-
 def aggregation_weights(
     examples: np.ndarray,
     counts: np.ndarray,
@@ -106,3 +107,263 @@ def aggregation_weights(
         ratio = min(thetas[i] / theta_bar, 2.0) if theta_bar > 0 else 0.0
         p[i] *= (math.e / 2) ** (0.1 - counts[i] / total_count) * (1 + ratio**2)
     return p / p.sum()
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+class FedQSParams(KebabModel):
+    fedqs_a: float = Field(0.002, ge=0)  # lr step per unit of F
+    fedqs_m0: float = Field(0.1, ge=0, lt=1)
+    fedqs_momentum_gain: float = Field(20.0, ge=0)  # k of the aligned types' momentum
+    fedqs_momentum_cap: float = Field(0.4, ge=0, lt=1)
+    fedqs_lr_min: float = Field(1e-3, gt=0)
+    fedqs_lr_max: float = Field(0.2, gt=0)
+    fedqs_spread_limit: float = Field(30.0, ge=0)  # points of per-class accuracy spread
+    fedqs_ablation: Literal["none", "no-feedback", "no-momentum"] = "none"
+    fedqs_similarity: Literal["angle", "l1", "l2"] = "angle"
+    fedqs_pseudo_gradient: Literal["delta", "previous-global"] = "delta"
+
+
+@dataclass
+class Queued:
+    """An update waiting in the K-FIFO, with what its task carried: type, theta, flag and
+    the lr and momentum it trained with."""
+
+    update: Update
+    kind: str
+    theta: float | None
+    flag: bool
+    lr: float
+    momentum: float
+
+
+class KFifo(Strategy):
+    """Semi-asynchronous: every arrival enters a FIFO; whenever it holds K (`buffer-size`)
+    the first K are aggregated. Subclasses say how (`combine`) and may adapt each task."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fifo: list[Queued] = []
+
+    def queued(self, update: Update) -> Queued:
+        return Queued(update, "", None, False, self.run.lr, self.run.momentum)
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.fifo.append(self.queued(update))
+        if len(self.fifo) < self.run.buffer_size:
+            return Outcome()
+        batch, self.fifo = self.fifo[: self.run.buffer_size], self.fifo[self.run.buffer_size :]
+        weights = self.combine(batch)
+        records = [
+            update_record(
+                q.update,
+                w,
+                type=q.kind,
+                theta=q.theta,
+                lr=q.lr,
+                momentum=q.momentum,
+                flag=int(q.flag),
+            )
+            for q, w in zip(batch, weights, strict=True)
+        ]
+        return Outcome(changed=True, records=records)
+
+    @abstractmethod
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        """Move the global model by the batch; the weights each update got."""
+
+    def apply(self, batch: list[Queued], weights: np.ndarray) -> None:
+        stacked = np.stack([q.update.vector for q in batch]).astype(np.float64)
+        if self.returns == RETURN_MODEL:
+            self.model = (weights @ stacked).astype(np.float32)
+        else:
+            self.model = (self.model + weights @ stacked).astype(np.float32)
+
+    def state(self) -> dict[str, Any]:
+        return {**super().state(), "fifo": self.fifo}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        self.fifo = state["fifo"]
+
+
+class SaflFedSGD(KFifo):
+    """SAFL FedSGD: w += (1/K) sum delta_i over the first K of the FIFO."""
+
+    name = "safl-fedsgd"
+
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        weights = np.full(len(batch), 1.0 / len(batch))
+        self.apply(batch, weights)
+        return weights
+
+
+class SaflFedAvg(SaflFedSGD):
+    """SAFL FedAvg: w = (1/K) sum w_i over the first K of the FIFO."""
+
+    name = "safl-fedavg"
+    returns = RETURN_MODEL
+
+
+class FedQSSGD(KFifo):
+    """FedQS-SGD: clients classified at dispatch adapt lr and momentum; flagged updates get
+    the feedback weight; w += sum p_i delta_i."""
+
+    name = "fedqs-sgd"
+    Params = FedQSParams
+    params: FedQSParams
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        n = self.run.num_clients
+        self.count = np.zeros(n)  # f_i: times aggregated
+        self.speed = np.zeros(n)
+        self.theta = np.zeros(n)  # latest theta_i (0: none yet)
+        self.lr = np.full(n, self.run.lr)
+        self.momentum = np.full(n, self.params.fedqs_m0)
+        self.examples = np.zeros(n)
+        self.speed_ths = 0.0
+        self.theta_ths = 0.0
+        self.previous_model: np.ndarray | None = None  # w^(t-1)
+        self.last_delta: dict[int, np.ndarray] = {}  # each client's previous update
+        self.started_from: dict[int, np.ndarray] = {}  # FedQS-Avg: each task's start model
+        self.pending: dict[int, Queued] = {}  # what each client's task in flight carries
+        self.segments: list[tuple[int, int]] = [(0, self.model.size)]
+
+    @classmethod
+    def check(cls, run: RunConfig, params: KebabModel) -> None:
+        assert isinstance(params, FedQSParams)
+        if params.fedqs_lr_min > params.fedqs_lr_max:
+            raise ValueError("fedqs-lr-min is above fedqs-lr-max")
+
+    def bind_segments(self, segments: list[tuple[int, int]]) -> None:
+        """Where each parameter tensor lies in the flat vector (the angle is per tensor)."""
+        self.segments = list(segments)
+
+    # ------------------------------------------------------------ dispatch
+    def similarity_of(self, client: int) -> float | None:
+        if self.previous_model is None or client not in self.last_delta:
+            return None
+        pseudo = self.previous_model
+        if self.params.fedqs_pseudo_gradient == "delta":
+            pseudo = self.model - self.previous_model
+        kind = self.params.fedqs_similarity
+        return similarity(pseudo, self.last_delta[client], self.segments, kind)
+
+    def assign(self, client: int, view: View) -> Assignment:
+        p = self.params
+        theta = self.similarity_of(client)
+        if theta is not None:
+            self.theta[client] = theta
+        kind = classify(self.speed[client], theta, self.speed_ths, self.theta_ths) or ""
+        flag = kind == FBC
+        if kind:
+            factor = speed_factor(self.speed[client], self.speed_ths)
+            bounds = (p.fedqs_lr_min, p.fedqs_lr_max)
+            self.lr[client] = new_lr(kind, self.lr[client], factor, p.fedqs_a, bounds)
+            if kind == FBC:
+                self.momentum[client] = 0.0
+            elif kind in (FUC, SUC):
+                self.momentum[client] = aligned_momentum(
+                    theta or 0.0,
+                    self.theta_ths,
+                    p.fedqs_m0,
+                    p.fedqs_momentum_gain,
+                    p.fedqs_momentum_cap,
+                )
+        momentum = 0.0 if p.fedqs_ablation == "no-momentum" else float(self.momentum[client])
+        self.pending[client] = Queued(
+            Update(client, -1, 0, 0, 0, self.model),
+            kind,
+            theta,
+            flag,
+            float(self.lr[client]),
+            momentum,
+        )
+        if self.returns == RETURN_MODEL:
+            self.started_from[client] = self.model
+        entries = {
+            RuleKeys.FEDQS_TYPE: kind,
+            RuleKeys.FEDQS_M0: 0.0 if p.fedqs_ablation == "no-momentum" else p.fedqs_m0,
+            RuleKeys.FEDQS_SPREAD_LIMIT: p.fedqs_spread_limit,
+        }
+        settings = {"lr": float(self.lr[client]), "momentum": momentum}
+        return Assignment(client, {ARRAYS: self.model}, entries, settings)
+
+    def on_task_lost(self, client: int) -> None:
+        self.pending.pop(client, None)
+        self.started_from.pop(client, None)
+
+    # ------------------------------------------------------------ replies
+    def signals(self) -> dict[str, SignalSpec]:
+        return {
+            RuleKeys.FEDQS_FLAG: SignalSpec(),
+            RuleKeys.FEDQS_MOMENTUM: SignalSpec(),
+            RuleKeys.FEDQS_SPREAD: SignalSpec(),
+        }
+
+    def validate(self, update: Update) -> None:
+        sent = self.pending.get(update.client)
+        if sent is None:
+            raise InvalidReply(f"no FedQS task of client {update.client} is in flight")
+        flag = update.signals[RuleKeys.FEDQS_FLAG]
+        if flag not in (0.0, 1.0):
+            raise InvalidReply(f"'{RuleKeys.FEDQS_FLAG}' is {flag}, not 0 or 1")
+        if sent.kind != SBC and bool(flag) != sent.flag:
+            raise InvalidReply(f"a {sent.kind or 'unclassified'} task cannot set the flag")
+
+    def queued(self, update: Update) -> Queued:
+        sent = self.pending.pop(update.client)
+        delta = update.vector
+        if self.returns == RETURN_MODEL:
+            delta = update.vector - self.started_from.pop(update.client)
+        self.last_delta[update.client] = delta
+        self.examples[update.client] = update.num_examples
+        flag = bool(update.signals[RuleKeys.FEDQS_FLAG])
+        momentum = float(update.signals[RuleKeys.FEDQS_MOMENTUM])
+        if sent.kind == SBC:
+            self.momentum[update.client] = momentum
+        return replace(sent, update=update, flag=flag, momentum=momentum)
+
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        clients = [q.update.client for q in batch]
+        for client in clients:
+            self.count[client] += 1
+        total = float(self.count.sum())
+        if self.params.fedqs_ablation == "no-feedback":
+            weights = np.full(len(batch), 1.0 / len(batch))
+        else:
+            weights = aggregation_weights(
+                np.array([q.update.num_examples for q in batch]),
+                self.count[clients],
+                total,
+                np.array([q.flag for q in batch]),
+                np.array([q.theta or 0.0 for q in batch]),
+                mean_nonzero(self.theta),
+            )
+        self.previous_model = self.model
+        self.apply(batch, weights)
+        for client in clients:
+            self.speed[client] = self.count[client] / (total / self.run.num_clients)
+        self.speed_ths = mean_nonzero(self.speed)
+        self.theta_ths = mean_nonzero(self.theta)
+        return weights
+
+    def state(self) -> dict[str, Any]:
+        keys = ("count", "speed", "theta", "lr", "momentum", "examples", "speed_ths")
+        keys += ("theta_ths", "previous_model", "last_delta", "started_from", "pending")
+        return {**super().state(), **{key: getattr(self, key) for key in keys}}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        super().load_state(state)
+        for key, value in state.items():
+            if key not in ("model", "fifo"):
+                setattr(self, key, value)
+
+
+class FedQSAvg(FedQSSGD):
+    """FedQS-Avg: as FedQS-SGD, clients return models and w = sum p_i w_i."""
+
+    name = "fedqs-avg"
+    returns = RETURN_MODEL

@@ -16,11 +16,12 @@ from strategies.fedavg import FedAvg
 from strategies.fedbuff import FedBuff
 from strategies.fedfa import FedFa
 from strategies.fedpsa import FedPSA
+from strategies.fedqs import FedQSAvg, FedQSSGD, SaflFedAvg, SaflFedSGD
 from strategies.pace import PACE, PFedGraphAsync
 
-STRATEGIES: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
-}
+RULES = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
+RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg)
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in RULES}
 
 
 def known_keys() -> set[str]:

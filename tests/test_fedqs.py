@@ -55,8 +55,6 @@ def test_four_made_up_clients_their_types_lr_and_momentum() -> None:
     assert q.aligned_momentum(20.0, theta_ths, m0, k, cap) == pytest.approx(0.5)
     assert q.aligned_momentum(36.0, theta_ths, m0, k, cap) == pytest.approx(0.1 + 20 / 90)
     assert q.aligned_momentum(0.0, theta_ths, m0, k, cap) == pytest.approx(0.5)
-    assert q.sbc_action(35.0, m0, 30.0) == (0.0, True)  # B with a wide spread
-    assert q.sbc_action(10.0, m0, 30.0) == (0.1, False)
 
 
 def test_unclassifiable_clients_and_lr_bounds() -> None:

@@ -111,7 +111,8 @@ def test_flwr_run_with_a_bad_value_logs_one_line(superlink: SimulationSuperLink)
     errors = [line for line in result.stdout.splitlines() if line.startswith("fedstale ERROR")]
     assert errors == [
         "fedstale ERROR: run config: unknown strategy 'nope'; choose one of ca2fl, fedasync, "
-        "fedavg, fedbuff, fedfa, fedpsa, pace, pfedgraph-async; fix it in "
+        "fedavg, fedbuff, fedfa, fedpsa, fedqs-avg, fedqs-sgd, pace, pfedgraph-async, "
+        "safl-fedavg, safl-fedsgd; fix it in "
         "[tool.flwr.app.config] of pyproject.toml or with --run-config"
     ]
     assert "Traceback" not in result.stdout
