@@ -311,7 +311,10 @@ class FedQSSGD(KFifo):
         if flag not in (0.0, 1.0):
             raise InvalidReply(f"'{RuleKeys.FEDQS_FLAG}' is {flag}, not 0 or 1")
         if sent.kind != SBC and bool(flag) != sent.flag:
-            raise InvalidReply(f"a {sent.kind or 'unclassified'} task cannot set the flag")
+            raise InvalidReply(
+                f"the flag of a {sent.kind or 'unclassified'} task is the server's "
+                f"({int(sent.flag)}); the reply says {int(flag)}"
+            )
 
     def queued(self, update: Update) -> Queued:
         sent = self.pending.pop(update.client)

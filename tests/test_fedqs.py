@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
 
+from common.schema import InvalidReply, RuleKeys
 from strategies import fedqs as q
+from strategies.base import Update
+from tests.helpers import V0, run_config
 
 
 def test_minmax_angle_of_two_small_tensors() -> None:
@@ -93,3 +97,78 @@ def test_weights_of_a_k3_aggregation_with_one_flagged_update() -> None:
 def test_thresholds_are_means_of_the_non_zero_values() -> None:
     assert q.mean_nonzero(np.array([0.0, 2.0, 4.0, 0.0])) == 3.0
     assert q.mean_nonzero(np.zeros(3)) == 0.0
+
+
+def fedqs(kind: type[q.FedQSSGD] = q.FedQSSGD, **params: object) -> q.FedQSSGD:
+    run = run_config(num_clients=3, concurrency=3, buffer_size=3, lr=0.1)
+    values = {k.replace("_", "-"): v for k, v in params.items()}
+    strategy = kind(run, q.FedQSParams.model_validate(values), np.zeros(4, dtype=np.float32))
+    strategy.bind_segments([(0, 2), (2, 4)])
+    return strategy
+
+
+def reply(client: int, vector: list[float], n: int, flag: float, momentum: float = 0.1) -> Update:
+    signals = {RuleKeys.FEDQS_FLAG: flag, RuleKeys.FEDQS_MOMENTUM: momentum}
+    signals[RuleKeys.FEDQS_SPREAD] = -1.0
+    return Update(client, client, 0, 0, n, np.array(vector, dtype=np.float32), signals)
+
+
+def test_first_aggregation_sets_counts_speeds_and_thresholds() -> None:
+    strategy = fedqs()
+    for client in range(3):
+        assignment = strategy.assign(client, V0)
+        assert assignment.entries[RuleKeys.FEDQS_TYPE] == ""  # nothing to classify yet
+        assert assignment.settings == {"lr": 0.1, "momentum": 0.1}
+    deltas = ([1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 4])
+    outcomes = [strategy.on_update(reply(c, d, 100, 0.0), V0) for c, d in enumerate(deltas)]
+    assert [o.changed for o in outcomes] == [False, False, True]
+    np.testing.assert_allclose(strategy.model, [1 / 3, 2 / 3, 0, 4 / 3], rtol=1e-6)
+    np.testing.assert_array_equal(strategy.count, [1, 1, 1])
+    np.testing.assert_array_equal(strategy.speed, [1, 1, 1])  # f_i / (3 / 3)
+    assert strategy.speed_ths == 1.0 and strategy.theta_ths == 0.0  # no angle yet
+
+
+def test_the_angle_at_dispatch_uses_the_two_newest_models_and_the_last_delta() -> None:
+    strategy = fedqs()
+    for client in range(3):
+        strategy.assign(client, V0)
+    for c, d in enumerate(([1, 0, 2, 0], [0, 2, 0, 1], [3, 0, 0, 1])):
+        strategy.on_update(reply(c, d, 100, 0.0), V0)
+    pseudo = strategy.model - strategy.previous_model  # the mean delta: [4/3, 2/3, 2/3, 2/3]
+    strategy.assign(0, V0)
+    expected = q.similarity(pseudo, np.array([1, 0, 2, 0.0]), [(0, 2), (2, 4)], "angle")
+    assert strategy.theta[0] == pytest.approx(expected)
+    # tensor 1: [4/3, 2/3] vs [1, 0] -> [1, 0] both: 0 deg; tensor 2: [2/3, 2/3] constant
+    assert expected == pytest.approx(0.0, abs=1e-5)
+
+
+def test_an_sbc_task_takes_its_flag_from_the_client_and_others_cannot_set_it() -> None:
+    strategy = fedqs()
+    strategy.speed[:] = [2.0, 0.5, 1.0]
+    strategy.speed_ths, strategy.theta_ths = 1.0, 10.0
+    strategy.previous_model = np.zeros(4, dtype=np.float32)
+    strategy.model = np.array([1, 2, 3, 5], dtype=np.float32)
+    strategy.last_delta = {0: np.array([2, 1, 5, 3.0]), 1: np.array([2, 1, 5, 3.0])}
+    kinds = [strategy.assign(c, V0).entries[RuleKeys.FEDQS_TYPE] for c in (0, 1)]
+    assert kinds == [q.FBC, q.SBC]  # both at 90 degrees > 10
+    with pytest.raises(
+        InvalidReply, match=re.escape("flag of a FBC task is the server's (1); the reply says 0")
+    ):
+        strategy.validate(reply(0, [0, 0, 0, 0], 1, 0.0))  # FBC's flag is the server's: on
+    with pytest.raises(InvalidReply, match="no FedQS task of client 2"):
+        strategy.validate(reply(2, [0, 0, 0, 0], 1, 1.0))
+    strategy.validate(reply(1, [0, 0, 0, 0], 1, 1.0, momentum=0.0))  # SBC decides
+    queued = strategy.queued(reply(1, [0, 0, 0, 0], 1, 1.0, momentum=0.0))
+    assert queued.flag and queued.kind == q.SBC and strategy.momentum[1] == 0.0
+    assert queued.lr == pytest.approx(0.1 + 0.002 * 2)
+
+
+def test_fedqs_avg_keeps_the_start_model_and_state_round_trips() -> None:
+    strategy = fedqs(q.FedQSAvg)
+    strategy.assign(0, V0)
+    strategy.model = np.ones(4, dtype=np.float32)  # moved on while the task was out
+    strategy.on_update(reply(0, [2, 2, 2, 2], 10, 0.0), V0)
+    np.testing.assert_array_equal(strategy.last_delta[0], [2, 2, 2, 2])  # w_i - start (0)
+    copy = fedqs(q.FedQSAvg)
+    copy.load_state(strategy.state())
+    assert len(copy.fifo) == 1 and copy.last_delta[0].tolist() == [2, 2, 2, 2]
