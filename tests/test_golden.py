@@ -19,7 +19,8 @@ from server_app.experiment import run_experiment
 from strategies.registry import load_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
-STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa"]
+STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa", "pace"]
+STRATEGIES += ["pfedgraph-async", "fedqs-sgd", "fedqs-avg", "safl-fedsgd", "safl-fedavg"]
 # Fashion-MNIST, 50 clients, 10 in flight, latencies uniform 10-500: the defaults, for
 # a tenth of a virtual day (about 340 updates).
 CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
