@@ -221,7 +221,7 @@ class FedQSSGD(KFifo):
         self.speed = np.zeros(n)
         self.theta = np.zeros(n)  # latest theta_i (0: none yet)
         self.lr = np.full(n, self.run.lr)
-        self.momentum = np.full(n, self.params.fedqs_m0)
+        self.momentum = np.full(n, self.run.momentum)  # as lr, from the run until classified
         self.examples = np.zeros(n)
         self.speed_ths = 0.0
         self.theta_ths = 0.0

@@ -118,7 +118,7 @@ def test_first_aggregation_sets_counts_speeds_and_thresholds() -> None:
     for client in range(3):
         assignment = strategy.assign(client, V0)
         assert assignment.entries[RuleKeys.FEDQS_TYPE] == ""  # nothing to classify yet
-        assert assignment.settings == {"lr": 0.1, "momentum": 0.1}
+        assert assignment.settings == {"lr": 0.1, "momentum": 0.0}  # the run's
     deltas = ([1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 4])
     outcomes = [strategy.on_update(reply(c, d, 100, 0.0), V0) for c, d in enumerate(deltas)]
     assert [o.changed for o in outcomes] == [False, False, True]
