@@ -260,3 +260,31 @@ def test_pace_multicast_and_personal_evaluation_over_real_supernodes(tmp_path: P
     metrics = rows(runs / "pace" / "metrics.jsonl")
     assert metrics and all(row["clients"] == 3 for row in metrics)
     assert metrics[-1]["accuracy"] > 0.3
+
+
+def test_fedqs_over_real_supernodes(tmp_path: Path) -> None:
+    """FedQS-SGD on real SuperNodes of different speeds: every client trains all the time,
+    the server aggregates every K = 2 arrivals, classifies clients at dispatch once speeds
+    and angles exist, and the flag each task carried comes back with its update."""
+    runs = tmp_path / "runs"
+    config = {
+        **SMALL,
+        "strategy": "fedqs-sgd",
+        "grad-clip": 20.0,
+        "max-updates": 16,
+        "runs-dir": str(runs),
+        "run-name": "fedqs",
+    }
+    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 1.0, 4.0]) as deployment:
+        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((runs / "fedqs" / "summary.json").read_text())
+    assert summary["updates_accepted"] == 16 and summary["updates_rejected"] == 0
+    assert summary["versions"] == 8  # K = 2
+    updates = rows(runs / "fedqs" / "updates.jsonl")
+    assert {"type", "theta", "lr", "momentum", "flag", "weight"} <= set(updates[0])
+    kinds = [row["type"] for row in updates]
+    assert kinds[:2] == ["", ""] and any(kinds)  # classified once speeds and angles exist
+    assert all(row["flag"] == 1 for row in updates if row["type"] == "FBC")
+    assert all(row["flag"] == 0 for row in updates if row["type"] in ("FUC", "SUC", ""))
+    assert summary["final_accuracy"] > 0.2
