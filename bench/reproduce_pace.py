@@ -213,9 +213,9 @@ def speed_lines(results: list[dict[str, Any]]) -> list[str]:
                 last_mean(r) for r in matching(results, method=m, partition=part)
             ),
         )
-        target = statistics.mean(
-            last_mean(r) for r in matching(results, method=best, partition=part)
-        )
+        # The lowest of its seeds' accuracies: every run of the baseline reaches it (a run's
+        # last-10 mean is at most its best evaluation), so both times exist for every seed.
+        target = min(last_mean(r) for r in matching(results, method=best, partition=part))
         theirs = [time_to(r, target) for r in matching(results, method=best, partition=part)]
         ours = [time_to(r, target) for r in pace]
         if None in ours or None in theirs:
@@ -223,7 +223,8 @@ def speed_lines(results: list[dict[str, Any]]) -> list[str]:
             continue
         share = statistics.mean(ours) / statistics.mean(theirs)  # type: ignore[arg-type]
         lines.append(
-            f"- {part}: the best baseline is {best} ({target:.2f}%); PACE first reaches it at "
+            f"- {part}: the best baseline is {best} (its lowest seed: {target:.2f}%); PACE first "
+            "reaches that at "
             f"virtual time {statistics.mean(ours):,.0f} against {statistics.mean(theirs):,.0f} "  # type: ignore[arg-type]
             f"({100 * share:.0f}% of its time; paper: 19-43%)"
         )
