@@ -48,6 +48,9 @@ def flower_command(
 ) -> list[str]:
     fed_values = parse_pairs(federation)
     fed_values.setdefault("num-supernodes", run.num_clients)
+    # Flower's Ray backend gives each ClientApp 2 CPUs unless told otherwise: one actor on a
+    # 2-core box. A ClientApp uses `client-threads` torch threads (1 by default).
+    fed_values.setdefault("client-resources-num-cpus", max(1, run.client_threads))
     return [
         tool("flwr"),
         "run",

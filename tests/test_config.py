@@ -124,3 +124,15 @@ def test_the_demo_is_fedpsa_as_the_paper_defines_it_on_a_non_iid_split() -> None
     run, params = load_config(pairs)
     assert (run.strategy, run.server_step, run.partition) == ("fedpsa", "spec", "dirichlet")
     assert params.fedpsa_ablation == "none" and params.fedpsa_calib_source == "gaussian"
+
+
+def test_flower_simulation_gets_one_cpu_per_client_unless_told_otherwise() -> None:
+    """Flower's Ray backend defaults to 2 CPUs a ClientApp (one actor on a 2-core box)."""
+    from server_app.cli import flower_command
+    from server_app.launch import resolve
+
+    run, overrides = resolve(ROOT, {})
+    default = flower_command(ROOT, overrides, "", run, "")
+    assert default[-1] == "num-supernodes=50 client-resources-num-cpus=1"
+    mine = flower_command(ROOT, overrides, "client-resources-num-cpus=2", run, "")
+    assert mine[-1] == "client-resources-num-cpus=2 num-supernodes=50"
