@@ -26,8 +26,10 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -151,8 +153,16 @@ def failure_message(
     return f"{head}\nfedstale: resume from its last checkpoint with:\n  {shlex.join(resume)}"
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM (a `kill`, a timeout) unwinds like Ctrl-C, so what the run started is
+    stopped on the way out."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is threading.main_thread():
+        stop_on_sigterm()
     if argv[:1] == ["compare"]:
         return compare.main(argv[1:])
     if argv[:1] == ["deploy"]:
