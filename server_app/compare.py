@@ -141,7 +141,10 @@ def time_to(run: Run, target: float | None) -> float | None:
     return next((t for t, a in zip(run.times, run.accuracies, strict=True) if a >= target), None)
 
 
-def reached(values: list[float | None]) -> str:
+def reached(values: list[float | None], runs: list[Run], target: float | None) -> str:
+    """Mean time to target over the runs that reached it; `-` where none was set."""
+    if target is None and not any(r.config.get("target-accuracy") for r in runs):
+        return "-"
     hits = [v for v in values if v is not None]
     if not hits:
         return "never"
@@ -173,7 +176,7 @@ def table(groups: list[Group], last: int, target: float | None) -> str:
             mean_std([r.summary["best_accuracy"] for r in runs], 100),
             mean_std([statistics.mean(r.accuracies[-last:]) for r in runs], 100),
             mean_std([aulc(r.times, r.accuracies) for r in runs], digits=3),
-            reached([time_to(r, target) for r in runs]),
+            reached([time_to(r, target) for r in runs], runs, target),
             mean_std([r.summary["updates_accepted"] for r in runs], digits=0),
             mean_std([r.summary["updates_rejected"] for r in runs], digits=0),
         ]
