@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.grid import Job, finished, matching, run_all, table_head
-from server_app.compare import mean_std
+from server_app.compare import first_reach, mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
 METHODS = {
@@ -176,7 +176,9 @@ def oscillation(result: dict[str, Any]) -> float:
 
 
 def time_to(result: dict[str, Any], target: float) -> float | None:
-    return next((t for t, a in result["curve"] if 100 * a >= target), None)
+    """Virtual time of the first evaluation at or above `target` (%), or None."""
+    times, accuracies = zip(*result["curve"], strict=True)
+    return first_reach(times, [100 * a for a in accuracies], target)
 
 
 def main_table(results: list[dict[str, Any]], aggregations: int) -> str:

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.grid import Job, finished, matching, run_all, table_head
-from server_app.compare import mean_std
+from server_app.compare import first_reach, mean_std
 
 PARTITIONS = {
     "dir0.1": {
@@ -158,7 +158,8 @@ def communication(result: dict[str, Any]) -> int:
 
 def time_to(result: dict[str, Any], target: float) -> float | None:
     """Virtual time of the first evaluation at or above `target` (%), or None."""
-    return next((t for t, a, _ in result["curve"] if 100 * a >= target), None)
+    times, accuracies, _ = zip(*result["curve"], strict=True)
+    return first_reach(times, [100 * a for a in accuracies], target)
 
 
 def main_table(results: list[dict[str, Any]], updates: int) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -145,11 +146,18 @@ class ParamLayout:
     def flatten(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([np.asarray(arrays[n], np.float32).ravel() for n in self.names])
 
+    @property
+    def segments(self) -> list[tuple[int, int]]:
+        """(start, stop) of each parameter tensor in the flat vector, in layout order."""
+        ends = np.cumsum([0, *self.sizes])
+        return [(int(a), int(b)) for a, b in itertools.pairwise(ends)]
+
     def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        offsets = np.cumsum([0, *self.sizes])
         return {
-            name: flat[offsets[i] : offsets[i + 1]].reshape(shape)
-            for i, (name, shape) in enumerate(zip(self.names, self.shapes, strict=True))
+            name: flat[start:stop].reshape(shape)
+            for name, shape, (start, stop) in zip(
+                self.names, self.shapes, self.segments, strict=True
+            )
         }
 
 

@@ -133,12 +133,17 @@ def mean_std(values: Sequence[float], scale: float = 1.0, digits: int = 2) -> st
     )
 
 
+def first_reach(times: Sequence[float], values: Sequence[float], target: float) -> float | None:
+    """The first time whose value is at or above `target`; None when never reached."""
+    return next((t for t, v in zip(times, values, strict=True) if v >= target), None)
+
+
 def time_to(run: Run, target: float | None) -> float | None:
     """The first evaluation's virtual time at or above `target` (the run's own target-hit
     time when none is given); None when never reached."""
     if target is None:
         return run.summary.get("time_to_target")
-    return next((t for t, a in zip(run.times, run.accuracies, strict=True) if a >= target), None)
+    return first_reach(run.times, run.accuracies, target)
 
 
 def reached(values: list[float | None], runs: list[Run], target: float | None) -> str:

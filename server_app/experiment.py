@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -105,8 +104,7 @@ def bind_segments(strategy: Strategy, layout: ParamLayout) -> None:
     tensor (FedQS's angle)."""
     bind = getattr(strategy, "bind_segments", None)
     if bind is not None:
-        ends = np.cumsum([0, *layout.sizes])
-        bind([(int(a), int(b)) for a, b in itertools.pairwise(ends)])
+        bind(layout.segments)
 
 
 def diagnostic_batch(run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:

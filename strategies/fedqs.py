@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -126,16 +126,22 @@ class FedQSParams(KebabModel):
 
 
 @dataclass
-class Queued:
-    """An update waiting in the K-FIFO, with what its task carried: type, theta, flag and
+class Sent:
+    """What a task carried: the client's type and theta at dispatch, the feedback flag, and
     the lr and momentum it trained with."""
 
-    update: Update
     kind: str
     theta: float | None
     flag: bool
     lr: float
     momentum: float
+
+
+@dataclass
+class Queued(Sent):
+    """An update waiting in the K-FIFO, with what its task carried."""
+
+    update: Update
 
 
 class KFifo(Strategy):
@@ -147,7 +153,7 @@ class KFifo(Strategy):
         self.fifo: list[Queued] = []
 
     def queued(self, update: Update) -> Queued:
-        return Queued(update, "", None, False, self.run.lr, self.run.momentum)
+        return Queued("", None, False, self.run.lr, self.run.momentum, update)
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.fifo.append(self.queued(update))
@@ -228,7 +234,7 @@ class FedQSSGD(KFifo):
         self.previous_model: np.ndarray | None = None  # w^(t-1)
         self.last_delta: dict[int, np.ndarray] = {}  # each client's previous update
         self.started_from: dict[int, np.ndarray] = {}  # FedQS-Avg: each task's start model
-        self.pending: dict[int, Queued] = {}  # what each client's task in flight carries
+        self.pending: dict[int, Sent] = {}  # what each client's task in flight carries
         self.segments: list[tuple[int, int]] = [(0, self.model.size)]
 
     @classmethod
@@ -273,14 +279,7 @@ class FedQSSGD(KFifo):
                     p.fedqs_momentum_cap,
                 )
         momentum = 0.0 if p.fedqs_ablation == "no-momentum" else float(self.momentum[client])
-        self.pending[client] = Queued(
-            Update(client, -1, 0, 0, 0, self.model),
-            kind,
-            theta,
-            flag,
-            float(self.lr[client]),
-            momentum,
-        )
+        self.pending[client] = Sent(kind, theta, flag, float(self.lr[client]), momentum)
         if self.returns == RETURN_MODEL:
             self.started_from[client] = self.model
         entries = {
@@ -327,7 +326,7 @@ class FedQSSGD(KFifo):
         momentum = float(update.signals[RuleKeys.FEDQS_MOMENTUM])
         if sent.kind == SBC:
             self.momentum[update.client] = momentum
-        return replace(sent, update=update, flag=flag, momentum=momentum)
+        return Queued(sent.kind, sent.theta, flag, sent.lr, momentum, update)
 
     def combine(self, batch: list[Queued]) -> np.ndarray:
         clients = [q.update.client for q in batch]
