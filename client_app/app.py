@@ -40,7 +40,8 @@ def run_config(context: Context) -> RunConfig:
 
 
 def partition_problem(context: Context, cfg: RunConfig) -> str:
-    """Why this node cannot serve a client, or "" when its partition-id is fine."""
+    """Why this node cannot serve a client, or "" when its partition-id (and edge-id, which
+    a hierarchical run's SuperNode may name) is fine."""
     raw = context.node_config.get("partition-id")
     if raw is None:
         return f"no partition-id given; {NODE_CONFIG_HINT}"
@@ -53,6 +54,9 @@ def partition_problem(context: Context, cfg: RunConfig) -> str:
             f"partition-id={partition} is outside 0..{cfg.num_clients - 1} "
             f"(num-clients={cfg.num_clients}); {NODE_CONFIG_HINT}"
         )
+    edge = context.node_config.get("edge-id")
+    if edge is not None and not (str(edge).isdigit()):
+        return f"edge-id={edge!r} is not a non-negative integer; start with 'edge-id=<k>'"
     return ""
 
 
@@ -80,7 +84,10 @@ def query(msg: Message, context: Context) -> Message:
     problem = partition_problem(context, cfg)
     if problem:
         return _reply(msg, {}, config={ReplyKeys.PROBLEM: problem})
-    return _reply(msg, {ReplyKeys.PARTITION_ID: partition_of(context, cfg)})
+    metrics = {ReplyKeys.PARTITION_ID: partition_of(context, cfg)}
+    if "edge-id" in context.node_config:
+        metrics[ReplyKeys.EDGE_ID] = int(context.node_config["edge-id"])
+    return _reply(msg, metrics)
 
 
 def kept_state(context: Context) -> dict[str, np.ndarray]:

@@ -14,11 +14,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from client_app.training import LossTerm
+from client_app.training import LossTerm, Optimiser, local_train
 from common.config import RunConfig
 from common.federation import client_data, data_shape
-from common.models import ParamLayout
-from common.schema import RuleKeys, SignalKeys, TaskSpec
+from common.models import ParamLayout, get_flat, set_flat
+from common.schema import STALE, RuleKeys, SignalKeys, TaskSpec
 from common.sensitivity import sketch_for_task
 
 
@@ -117,12 +117,46 @@ class ClassSpread(ClientRule):
         return 100.0 * (max(accuracies) - min(accuracies))
 
 
+class StaleTraining(ClientRule):
+    """MAFSA (Alg. 2): a client back from E_i offline rounds does the offline work lazily:
+    its last local model (the task's `stale` set) trains E_i local updates, each as long
+    as the fresh one, with the lr decaying per offline round, and goes back beside the
+    fresh model."""
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        rounds = int(task.spec.extra.get(RuleKeys.MAFSA_OFFLINE, 0))
+        if rounds <= 0:
+            return
+        spec, extra = task.spec, task.spec.extra
+        set_flat(task.model, task.inputs[STALE])
+        device = next(task.model.parameters()).device
+        x, y = (t.to(device) for t in client_data(task.cfg, task.partition, "train"))
+        lr, step = float(extra[RuleKeys.MAFSA_STALE_LR]), float(extra[RuleKeys.MAFSA_LR_STEP])
+        for offline_round in range(rounds):
+            local_train(
+                task.model,
+                x,
+                y,
+                epochs=spec.local_epochs,
+                batch_size=spec.batch_size,
+                lr=lr * step**offline_round,
+                seed=spec.seed + 1 + offline_round,
+                closed_form=task.cfg.trainer == "auto",
+                optimiser=Optimiser(
+                    spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip
+                ),
+                steps=spec.local_steps,
+            )
+        task.outputs[STALE] = get_flat(task.model)
+
+
 RULES: dict[str, tuple[ClientRule, ...]] = {
     "fedpsa": (SensitivitySketch(),),
     "pace": (CosineToStart(),),
     "pfedgraph-async": (CosineToStart(),),
     "fedqs-sgd": (ClassSpread(),),
     "fedqs-avg": (ClassSpread(),),
+    "mafsa": (StaleTraining(),),
 }
 
 

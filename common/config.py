@@ -69,7 +69,7 @@ class RunConfig(KebabModel):
     dataset: Dataset = "fmnist"
     data_dir: str = ""
     model: ModelName = "auto"
-    partition: Literal["iid", "dirichlet", "pathological"] = "iid"
+    partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = "iid"
     dirichlet_alpha: float = Field(1.0, gt=0)
     dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
     classes_per_client: int = Field(2, ge=1)

@@ -8,6 +8,9 @@
 - dirichlet, convention "per-class" (NIID-Bench / Flower Datasets): each class is split
   over the clients with Dir(alpha * 1_N); client sizes differ.
 - pathological: every client holds exactly `classes_per_client` classes.
+- quantity-dirichlet (HierFL's unbalanced IID split, MAFSA's Table 2): labels IID, client
+  sizes a floor of min(100, n / 2N) plus a multinomial share of the rest with proportions
+  from Dir(alpha * 1_N).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 MIN_PER_CLASS_CLIENT_SIZE = 10
+QUANTITY_FLOOR = 100  # HierFL's minimum client size
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -98,6 +102,16 @@ def dirichlet_per_class(
     )
 
 
+def quantity_dirichlet(
+    labels: np.ndarray, num_clients: int, alpha: float, rng: np.random.Generator
+) -> list[np.ndarray]:
+    floor = min(QUANTITY_FLOOR, len(labels) // (2 * num_clients))
+    shares = rng.dirichlet(np.full(num_clients, alpha))
+    sizes = floor + rng.multinomial(len(labels) - floor * num_clients, shares)
+    cuts = np.cumsum(sizes)[:-1]
+    return [np.sort(part) for part in np.split(rng.permutation(len(labels)), cuts)]
+
+
 def pathological(
     labels: np.ndarray, num_clients: int, classes_per_client: int, rng: np.random.Generator
 ) -> list[np.ndarray]:
@@ -136,6 +150,8 @@ def partition(
     if scheme == "dirichlet":
         split = dirichlet_hsu if convention == "hsu" else dirichlet_per_class
         return split(labels, num_clients, alpha, rng)
+    if scheme == "quantity-dirichlet":
+        return quantity_dirichlet(labels, num_clients, alpha, rng)
     if scheme == "pathological":
         return pathological(labels, num_clients, classes_per_client, rng)
     raise ValueError(f"unknown partition scheme '{scheme}'")

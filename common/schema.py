@@ -19,6 +19,7 @@ import numpy as np
 
 CONFIG = "config"
 ARRAYS = "arrays"
+STALE = "stale"  # MAFSA: the named array set of a returning client's last local model
 METRICS = "metrics"
 
 MSG_TRAIN = "train"
@@ -83,11 +84,15 @@ class RuleKeys:
     FEDQS_FLAG = "fedqs-flag"  # reply: the task's feedback flag (0 / 1)
     FEDQS_MOMENTUM = "fedqs-momentum"  # reply: the momentum the task trained with
     FEDQS_SPREAD = "fedqs-spread"  # reply: the per-class accuracy spread (-1: not asked)
+    MAFSA_OFFLINE = "mafsa-offline"  # MAFSA: E_i, offline rounds to train the stale model
+    MAFSA_STALE_LR = "mafsa-stale-lr"  # MAFSA: lr of the first offline round
+    MAFSA_LR_STEP = "mafsa-lr-step"  # MAFSA: lr factor from one offline round to the next
 
 
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"
+    EDGE_ID = "edge-id"  # query reply: the edge a SuperNode names (node config), if any
     NUM_EXAMPLES = "num-examples"
     TRAIN_LOSS = "train-loss"
     COMPUTE_SECONDS = "compute-seconds"

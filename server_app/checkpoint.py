@@ -96,9 +96,9 @@ def restore(engine: Engine, checkpoint: Checkpoint) -> None:
     engine.strategy.load_state(checkpoint.strategy_state)
     engine.load_state(checkpoint.engine_state)
     engine.clock.load_state(checkpoint.clock_state)
-    for client in checkpoint.in_flight:
-        engine.strategy.on_task_lost(client)
     engine.counters.failed += len(checkpoint.in_flight)
+    for client in checkpoint.in_flight:
+        engine.task_lost(client)
     log.info(
         "resumed from %s: version %d, %d updates, time %.0f (%d tasks in flight were lost)",
         checkpoint.run_dir,

@@ -20,7 +20,8 @@ from typing import Protocol
 class Task:
     """A task in flight: `version` the global version it started from, `accepted_before`
     the updates accepted before it was sent, `deadline` the monotonic second after which
-    it is retired unanswered (inf: none)."""
+    it is retired unanswered (inf: none), `sets` the named array sets it carried beyond the
+    main one."""
 
     task_id: int
     client: int
@@ -31,6 +32,7 @@ class Task:
     dispatched_at: float
     finishes_at: float
     deadline: float = math.inf
+    sets: tuple[str, ...] = ()
 
 
 class Clock(Protocol):

@@ -32,7 +32,7 @@ from server_app.clock import Clock, Task, make_clock
 from server_app.evaluation import ClientScorer, Evaluation, Evaluator, Scoreboard
 from server_app.nodes import NodeBook
 from server_app.transport import Reply, SendRefused, Transport
-from strategies.base import Assignment, InFlight, Strategy, Update, View
+from strategies.base import Assignment, InFlight, Outcome, Strategy, Update, View
 
 log = logging.getLogger("fedstale")
 
@@ -117,6 +117,7 @@ class Engine:
         self.last_refresh = -math.inf
         self.stop_reason = ""
         self.stall_since: float | None = None
+        self.edges_bound: dict[int, int] = {}  # the nodes' declared edges the strategy has
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -167,8 +168,13 @@ class Engine:
             if not candidates:
                 return
             assignments = self.strategy.plan(self.view(candidates, capacity), self.rng)
+            closed = self.strategy.take_closed()
+            if closed is not None:
+                self.apply(closed)
             if not assignments:
-                return
+                if closed is None:
+                    return
+                continue
             self.check_plan(assignments, candidates, capacity)
             for assignment in assignments:
                 self.dispatch(assignment)
@@ -251,6 +257,7 @@ class Engine:
             dispatched_at=self.clock.now(),
             finishes_at=self.clock.finish_time(latency),
             deadline=time.monotonic() + timeout if timeout else math.inf,
+            sets=tuple(sorted(models)),
         )
         self.by_msg[msg_id] = task_id
         self.strategy.on_dispatch(client)
@@ -278,11 +285,11 @@ class Engine:
         self.tasks.pop(task.task_id, None)
         self.by_msg.pop(task.msg_id, None)
         self.arrived.pop(task.task_id, None)
-        self.strategy.on_task_lost(task.client)
         self.counters.failed += 1
         log.warning(
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
         )
+        self.task_lost(task.client)
 
     def supersede(self, task_ids: list[int]) -> None:
         """Withdraw tasks in flight: a reply that is in is dropped now, one still to come is
@@ -318,7 +325,7 @@ class Engine:
             raise InvalidReply(f"reply claims client {metrics.partition_id}")
         if reply.arrays is None:
             raise InvalidReply("reply carries no arrays")
-        expected = sorted(self.strategy.reply_sets)
+        expected = sorted(self.strategy.expected_sets(task.sets))
         if sorted(reply.sets) != expected:
             raise InvalidReply(
                 f"reply carries array sets {sorted(reply.sets)}, expected {expected}"
@@ -347,7 +354,6 @@ class Engine:
             update = self.validate(task, reply)
         except InvalidReply as err:
             self.counters.rejected += 1
-            self.strategy.on_task_lost(task.client)
             log.warning(
                 "rejected update: node %d, task %d (client %d): %s",
                 task.node,
@@ -355,12 +361,24 @@ class Engine:
                 task.client,
                 err,
             )
+            self.task_lost(task.client)
             return
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
             outcome = self.strategy.on_update(update, view)
         self.counters.accepted += 1
         self.counters.client_compute_seconds += update.compute_seconds
+        self.apply(outcome)
+
+    def task_lost(self, client: int) -> None:
+        """Tell the strategy a task of `client` ended without an update; a rule that closes
+        a round on it (MAFSA's edges) may change the model then."""
+        outcome = self.strategy.on_task_lost(client)
+        if outcome is not None:
+            self.apply(outcome)
+
+    def apply(self, outcome: Outcome) -> None:
+        """Bump the version, record the weights, supersede and replace, checkpoint."""
         if outcome.changed:
             self.version += 1
         for record in outcome.records:
@@ -452,6 +470,9 @@ class Engine:
         for msg_id in [m for m, node in self.superseded.items() if node in gone]:
             del self.superseded[msg_id]
         self.nodes.collect(self.transport)
+        if self.nodes.edge_of != self.edges_bound:
+            self.edges_bound = dict(self.nodes.edge_of)
+            self.strategy.bind_edges(dict(self.edges_bound))
 
     def wait_for_clients(self) -> None:
         """Block until every client has a node (virtual clock) or the wait runs out."""
@@ -507,15 +528,18 @@ class Engine:
         return self.clock.now() if self.run.clock == "wall" else -math.inf
 
     def guard_stall(self) -> None:
-        if self.tasks or self.dispatch_candidates()[0]:
+        """Fail with one line when no task has been in flight for `node-wait-seconds` (no
+        node to send to, or a synchronous rule waiting on an edge with no node left)."""
+        if self.tasks:
             self.stall_since = None
             return
         if self.stall_since is None:
             self.stall_since = time.monotonic()
         if time.monotonic() - self.stall_since > self.run.node_wait_seconds:
             raise EngineError(
-                f"no task could be dispatched for {self.run.node_wait_seconds:g} s: "
-                f"{len(self.nodes.clients)} clients online; check that the SuperNodes are up"
+                f"no task in flight for {self.run.node_wait_seconds:g} s: "
+                f"{len(self.nodes.clients)} clients online, strategy {self.strategy.name} "
+                "planned none; check that the SuperNodes are up"
             )
 
     def end_time(self) -> float:

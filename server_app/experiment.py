@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import statistics
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +146,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "stop_reason": engine.stop_reason,
         "final_accuracy": accuracies[-1],
         "best_accuracy": max(accuracies),
+        "acc_std": statistics.pstdev(accuracies),
         "aulc_days": aulc(times, accuracies),
         "time_to_target": engine.time_to_target,
         "virtual_time": times[-1],
@@ -160,6 +163,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
+        **engine.strategy.summary(),
     }
 
 
@@ -193,6 +197,9 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     bind_client_sizes(run, strategy)
     bind_segments(strategy, layout)
     latency = profile_for(run)
+    factors = strategy.latency_factors()
+    if factors is not None:
+        latency = replace(latency, base=latency.base * factors)
     progress = progress_for(run.progress_interval)
     engine = Engine(
         run,

@@ -23,6 +23,7 @@ class NodeBook:
     node_of: dict[int, int] = field(default_factory=dict)
     queries: dict[str, int] = field(default_factory=dict)
     refused: set[int] = field(default_factory=set)
+    edge_of: dict[int, int] = field(default_factory=dict)  # client -> the edge its node names
 
     @property
     def clients(self) -> list[int]:
@@ -76,4 +77,7 @@ class NodeBook:
             log.warning("node %d also claims client %d (held by node %d)", node, client, previous)
         self.client_of[node] = client
         self.node_of[client] = node
+        edge = reply.metrics.get(ReplyKeys.EDGE_ID)
+        if isinstance(edge, int):
+            self.edge_of[client] = edge
         log.debug("node %d serves client %d", node, client)

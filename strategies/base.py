@@ -13,8 +13,9 @@ clients, the tasks in flight and their staleness, how many tasks may start now).
   known, and optionally tasks in flight to supersede with the replacements to dispatch.
 - Evaluation: `evaluates` says whether the global model or one model per client
   (`model_of`) is scored; per client, each on that client's own split.
-- Replies may carry named array sets beyond the main one (`reply_sets`), each checked
-  against the model's layout.
+- Replies may carry named array sets beyond the main one (`reply_sets`, or per task
+  `expected_sets`), each checked against the model's layout.
+- A lost task is reported by `on_task_lost`, which may close a round (an `Outcome`).
 - Checkpoints: `state()` / `load_state()` name what the rule must keep across a restart.
 """
 
@@ -162,13 +163,25 @@ class Strategy(ABC):
     def on_dispatch(self, client: int) -> None:
         """A task for `client` was sent."""
 
-    def on_task_lost(self, client: int) -> None:
-        """A task for `client` ended without a usable update (error, dead node, rejected)."""
+    def on_task_lost(self, client: int) -> Outcome | None:
+        """A task for `client` ended without a usable update (error, dead node, rejected).
+        A rule whose round closes on it returns that round's Outcome."""
+        return None
 
     # ------------------------------------------------------------ replies
     def signals(self) -> dict[str, SignalSpec]:
         """Metrics every train reply must carry for this rule, beyond the common ones."""
         return {}
+
+    def take_closed(self) -> Outcome | None:
+        """What changed while planning (a round with nobody to wait for closed at once),
+        handed over once; the engine applies it like a reply's Outcome."""
+        return None
+
+    def expected_sets(self, sent: tuple[str, ...]) -> tuple[str, ...]:
+        """The named sets a reply must carry, given those its task carried beyond the main
+        one: `reply_sets` for most rules; a rule whose reply mirrors its task overrides."""
+        return self.reply_sets
 
     def validate(self, update: Update) -> None:
         """Raise common.schema.InvalidReply when an update's signals do not hold up."""
@@ -176,6 +189,20 @@ class Strategy(ABC):
     @abstractmethod
     def on_update(self, update: Update, view: View) -> Outcome:
         """Consume one update."""
+
+    # ------------------------------------------------------------ topology
+    def latency_factors(self) -> np.ndarray | None:
+        """Per-client factors on the simulated latency that the rule's topology implies
+        (MAFSA's slower edges); None: none."""
+        return None
+
+    def bind_edges(self, declared: dict[int, int]) -> None:
+        """Edges that nodes declared (client -> `edge-id` node config), for a hierarchical
+        rule; others ignore them."""
+
+    def summary(self) -> dict[str, Any]:
+        """Entries the rule adds to summary.json."""
+        return {}
 
     # ------------------------------------------------------------ evaluation
     def model_of(self, client: int) -> np.ndarray:

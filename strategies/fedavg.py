@@ -41,8 +41,9 @@ class FedAvg(Strategy):
     def on_dispatch(self, client: int) -> None:
         self.dispatched += 1
 
-    def on_task_lost(self, client: int) -> None:
+    def on_task_lost(self, client: int) -> Outcome | None:
         self.dispatched -= 1
+        return None
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.received.append(update)

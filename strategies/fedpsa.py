@@ -130,9 +130,10 @@ class FedPSA(Strategy):
         if self.real_calibration:
             self.calib_holders.add(client)
 
-    def on_task_lost(self, client: int) -> None:
+    def on_task_lost(self, client: int) -> Outcome | None:
         """The client may not have kept the batch (it errs when it lacks it): send again."""
         self.calib_holders.discard(client)
+        return None
 
     def signals(self) -> dict[str, SignalSpec]:
         return {

@@ -290,9 +290,10 @@ class FedQSSGD(KFifo):
         settings = {"lr": float(self.lr[client]), "momentum": momentum}
         return Assignment(client, {ARRAYS: self.model}, entries, settings)
 
-    def on_task_lost(self, client: int) -> None:
+    def on_task_lost(self, client: int) -> Outcome | None:
         self.pending.pop(client, None)
         self.started_from.pop(client, None)
+        return None
 
     # ------------------------------------------------------------ replies
     def signals(self) -> dict[str, SignalSpec]:

@@ -17,10 +17,12 @@ from strategies.fedbuff import FedBuff
 from strategies.fedfa import FedFa
 from strategies.fedpsa import FedPSA
 from strategies.fedqs import FedQSAvg, FedQSSGD, SaflFedAvg, SaflFedSGD
+from strategies.hierfedavg import HierFedAvg
+from strategies.mafsa import MAFSA
 from strategies.pace import PACE, PFedGraphAsync
 
 RULES = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
-RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg)
+RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg, MAFSA, HierFedAvg)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in RULES}
 
 

@@ -69,8 +69,9 @@ def test_cli_check_exits_nonzero_with_one_line() -> None:
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert lines == [
         "fedstale: run config: unknown strategy 'nope'; choose one of ca2fl, fedasync, fedavg, "
-        "fedbuff, fedfa, fedpsa, fedqs-avg, fedqs-sgd, pace, pfedgraph-async, safl-fedavg, "
-        "safl-fedsgd; fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
+        "fedbuff, fedfa, fedpsa, fedqs-avg, fedqs-sgd, hierfedavg, mafsa, pace, pfedgraph-async, "
+        "safl-fedavg, safl-fedsgd; fix it in [tool.flwr.app.config] of pyproject.toml or with "
+        "--run-config"
     ]
 
 
