@@ -139,7 +139,7 @@ def test_digits_dataset_has_no_standard_split() -> None:
 LABELS = np.repeat(np.arange(10), 300)
 
 
-@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "pathological"])
+@pytest.mark.parametrize("scheme", ["iid", "dirichlet", "quantity-dirichlet", "pathological"])
 def test_partitions_cover_every_sample_once_and_replay(scheme: str) -> None:
     parts = partition(LABELS, 20, scheme, seed=3, alpha=0.5, classes_per_client=2)
     joined = np.concatenate(parts)
@@ -167,6 +167,16 @@ def test_per_class_dirichlet_sizes_differ() -> None:
     parts = partition(LABELS, 20, "dirichlet", seed=0, alpha=0.5, convention="per-class")
     sizes = [len(p) for p in parts]
     assert max(sizes) > 2 * min(sizes)
+
+
+def test_quantity_dirichlet_sizes_differ_above_a_floor_and_labels_stay_iid() -> None:
+    parts = partition(LABELS, 20, "quantity-dirichlet", seed=0, alpha=1.0)
+    sizes = np.array([len(p) for p in parts])
+    assert sizes.min() >= 75 and sizes.max() > 2 * sizes.min()  # floor min(100, 3000 / 40)
+    big = parts[int(np.argmax(sizes))]  # its label mix is the global one, within noise
+    assert np.abs(np.bincount(LABELS[big], minlength=10) / len(big) - 0.1).max() < 0.06
+    even = partition(LABELS, 20, "quantity-dirichlet", seed=0, alpha=1000.0)
+    assert np.ptp([len(p) for p in even]) < np.ptp(sizes) / 3  # alpha sets the spread
 
 
 def test_pathological_gives_exactly_k_classes() -> None:

@@ -23,9 +23,13 @@ from strategies.registry import load_config
 GOLDEN = Path(__file__).resolve().parent / "golden"
 STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa", "pace"]
 STRATEGIES += ["pfedgraph-async", "fedqs-sgd", "fedqs-avg", "safl-fedsgd", "safl-fedavg"]
+STRATEGIES += ["mafsa", "hierfedavg"]
 # Fashion-MNIST, 50 clients, 10 in flight, latencies uniform 10-500: the defaults, for
 # a tenth of a virtual day (about 340 updates).
 CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
+# The hierarchical rules: every client at once, 20 steps of 20, 10% dropouts, 3,000 units.
+HIERARCHY = {"concurrency": 50, "local-steps": 20, "batch-size": 20, "dropout-rate": 0.1}
+OVERRIDES = {name: {**HIERARCHY, "max-virtual-time": 3000.0} for name in ("mafsa", "hierfedavg")}
 
 
 def without_wall_time(path: Path) -> str:
@@ -47,7 +51,13 @@ def one_thread() -> Iterator[None]:
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_golden_run_is_unchanged(strategy: str, tmp_path: Path, one_thread: None) -> None:
     run, params = load_config(
-        {**CONFIG, "strategy": strategy, "run-name": strategy, "runs-dir": str(tmp_path)}
+        {
+            **CONFIG,
+            **OVERRIDES.get(strategy, {}),
+            "strategy": strategy,
+            "run-name": strategy,
+            "runs-dir": str(tmp_path),
+        }
     )
     run_experiment(run, params, local_transport(run))
     produced = {
