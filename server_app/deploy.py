@@ -2,11 +2,13 @@
 processes on 127.0.0.1, the app run on them with `flwr run`, everything stopped by PID.
 
     fedstale deploy --nodes 3 [--delays 0,1,4] [--tls] [--database PATH]
-                    [--run-config "k=v ..."] [--keep-dir DIR]
+                    [--run-config "k=v ..."] [--keep-dir DIR] [--edges E]
 
 Each SuperNode gets `--node-config "partition-id=i num-partitions=N delay-seconds=d"`; the
-ClientApp sleeps `delay-seconds` after training (injected latency). The run uses the wall
-clock unless `clock=virtual` is given. The same flags appear in docker/compose.yml.
+ClientApp sleeps `delay-seconds` after training (injected latency). With `--edges E` (MAFSA,
+HierFedAvg) the nodes form E edges of consecutive partitions, each node naming its edge
+(`edge-id=k`), and the run gets `mafsa-edges=E`. The run uses the wall clock unless
+`clock=virtual` is given. The same flags appear in docker/compose.yml.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 # Wall-clock defaults of a deployment; the user's --run-config wins.
 WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
+HIERARCHICAL = ("mafsa", "hierfedavg")  # the rules whose nodes may name an edge
 
 
 def free_port() -> int:
@@ -145,6 +148,7 @@ class LocalDeployment:
     auth_keys: Path | None = None  # a folder of supernode-<i> keys: SuperNode authentication
     simulation: bool = False  # a simulation SuperLink: Flower runs the ClientApps itself
     task_poll_interval: float = 0.1
+    edges: int = 0  # > 0: node i names edge-id i * edges // num_nodes (MAFSA's topology)
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
@@ -184,6 +188,10 @@ class LocalDeployment:
             security = ["--root-certificates", str(self.tls.ca)]
         if self.auth_keys is not None:
             security += ["--auth-supernode-private-key", str(self.key_of(partition))]
+        node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
+        node_config += f" delay-seconds={delay:g}"
+        if self.edges:
+            node_config += f" edge-id={self.edge_of(partition)}"
         return [
             tool("flower-supernode"),
             *security,
@@ -192,8 +200,11 @@ class LocalDeployment:
             "--port",
             str(port),
             "--node-config",
-            f"partition-id={partition} num-partitions={self.num_nodes} delay-seconds={delay:g}",
+            node_config,
         ]
+
+    def edge_of(self, partition: int) -> int:
+        return partition * self.edges // self.num_nodes
 
     def write_connection(self) -> None:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -241,7 +252,8 @@ class LocalDeployment:
 
     def app_command(self, app: Path, overrides: dict[str, Any]) -> list[str]:
         """`fedstale run` against this SuperLink, with the wall-clock defaults."""
-        run_config = ["--run-config", to_flower(deployment_config(self.num_nodes, overrides))]
+        config = deployment_config(self.num_nodes, overrides, self.edges)
+        run_config = ["--run-config", to_flower(config)]
         return [tool("fedstale"), "run", "--app", str(app), "--superlink", CONNECTION, *run_config]
 
     def run_app(
@@ -279,9 +291,29 @@ class LocalDeployment:
         self.stop()
 
 
-def deployment_config(num_nodes: int, overrides: dict[str, Any]) -> dict[str, Any]:
-    """The wall-clock defaults, one client per node all training at once, then the user's."""
-    return {**WALL_DEFAULTS, "num-clients": num_nodes, "concurrency": num_nodes, **overrides}
+def deployment_config(num_nodes: int, overrides: dict[str, Any], edges: int = 0) -> dict[str, Any]:
+    """The wall-clock defaults, one client per node all training at once, then the user's
+    (with `edges`, also the edge count)."""
+    topology = {"mafsa-edges": edges} if edges else {}
+    base = {**WALL_DEFAULTS, "num-clients": num_nodes, "concurrency": num_nodes, **topology}
+    return {**base, **overrides}
+
+
+def check_edges(edges: int, nodes: int, overrides: dict[str, Any]) -> None:
+    """--edges is for the hierarchical rules, with at least one node per edge."""
+    if not edges:
+        return
+    strategy = overrides.get("strategy")
+    if strategy not in HIERARCHICAL:
+        raise ConfigError(
+            "--edges needs strategy mafsa or hierfedavg (--run-config 'strategy=mafsa'), "
+            f"not {strategy or 'the default'}"
+        )
+    if not 1 <= edges <= nodes:
+        raise ConfigError(f"--edges {edges}: give 1 to --nodes ({nodes}) edges")
+    named = overrides.get("mafsa-edges")
+    if named is not None and named != edges:
+        raise ConfigError(f"--edges {edges} and mafsa-edges={named} disagree; give one")
 
 
 def parse_delays(text: str) -> list[float]:
@@ -308,12 +340,16 @@ def main(argv: list[str]) -> int:
     )
     parser.add_argument("--keep-dir", type=Path, help="keep FLWR_HOME and logs here")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
+    parser.add_argument(
+        "--edges", type=int, default=0, help="MAFSA / HierFedAvg: nodes form this many edges"
+    )
     args = parser.parse_args(argv)
     if args.nodes < 1:
         raise ConfigError("--nodes must be at least 1")
     app = args.app.resolve()
     overrides = parse_pairs(args.run_config)
-    resolve(app, deployment_config(args.nodes, overrides))  # fail fast, before any process
+    check_edges(args.edges, args.nodes, overrides)
+    resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
     home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
     home = home.resolve()
     if args.auth and not args.tls:
@@ -326,6 +362,7 @@ def main(argv: list[str]) -> int:
         tls=tls,
         database=args.database,
         auth_keys=home / "keys" if args.auth else None,
+        edges=args.edges,
     )
     print(f"fedstale: deployment in {home} (SuperLink {deployment.address})", file=sys.stderr)
     with deployment:

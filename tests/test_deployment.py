@@ -288,3 +288,41 @@ def test_fedqs_over_real_supernodes(tmp_path: Path) -> None:
     assert all(row["flag"] == 1 for row in updates if row["type"] == "FBC")
     assert all(row["flag"] == 0 for row in updates if row["type"] in ("FUC", "SUC", ""))
     assert summary["final_accuracy"] > 0.2
+
+
+def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> None:
+    """MAFSA on 2 edges x 3 SuperNodes that name their edge (`fedstale deploy --edges 2`):
+    one node is killed mid-run; its edge stops waiting for it, counts it as dropped, and both
+    edges go on uploading to the cloud."""
+    runs, log = tmp_path / "runs", tmp_path / "run.log"
+    config = {
+        "dataset": "digits",
+        "strategy": "mafsa",
+        "local-steps": 5,
+        "batch-size": 10,
+        "lr": 0.05,
+        "max-virtual-time": 120.0,
+        "eval-interval": 30.0,
+        "runs-dir": str(runs),
+        "run-name": "mafsa",
+    }
+    home = tmp_path / "home"
+    with LocalDeployment(home, 6, delays=[0.3], edges=2) as deployment:
+        process = deployment.launch_app(ROOT, config, log)
+        updates = runs / "mafsa" / "updates.jsonl"
+        try:
+            wait_until(lambda: len(rows(updates)) >= 12, 240, "two rounds of each edge")
+            deployment.kill_node(4, signal.SIGKILL)
+            killed_at = max(row["time"] for row in rows(updates))
+            assert finish(process) == 0, log.read_text()[-3000:]
+        finally:
+            stop(process)
+    assert "edge-id=1" in " ".join(deployment.node_command(4))
+    summary = json.loads((runs / "mafsa" / "summary.json").read_text())
+    handled = rows(updates)
+    assert {row["client"]: row["edge"] for row in handled} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}
+    later = [row for row in handled if row["time"] > killed_at + 1.0]
+    assert later and 4 not in {row["client"] for row in later}, log.read_text()[-3000:]
+    assert {row["edge"] for row in later} == {0, 1}  # both edges went on without waiting
+    assert summary["cloud_updates"] == summary["versions"] >= 6
+    assert min(summary["edge_rounds"]) >= 3 and summary["stop_reason"] == "time budget"
