@@ -55,6 +55,9 @@ def finished(jobs: list[Job], out: Path) -> list[dict[str, Any]]:
 def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[dict[str, Any]]:
     """Run the jobs results.jsonl lacks with `runner` (a picklable top-level function or a
     functools.partial of one), print progress with an ETA; every job's result, in order."""
+    from server_app.cli import stop_on_sigterm
+
+    stop_on_sigterm()  # a `kill` unwinds through the pool's exit, which stops its workers
     done_path = out / "results.jsonl"
     done = done_results(out)  # resume: keep what an earlier invocation finished
     todo = [job for job in jobs if job.name not in done]
