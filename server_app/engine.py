@@ -517,11 +517,7 @@ class Engine:
 
     def idle(self, seconds: float) -> None:
         """Sleep between polls; a transport that can tell when work finishes ends it early."""
-        wait = getattr(self.transport, "wait", None)
-        if wait is None:
-            time.sleep(seconds)
-        else:
-            wait(seconds)
+        self.transport.wait(seconds)
 
     def wall_due_time(self) -> float:
         """On the wall clock evaluations fall due as time passes, not only on replies."""

@@ -10,6 +10,7 @@ as Flower's Context.state does on a node.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
@@ -85,6 +86,9 @@ class InProcessTransport:
             return work(self.run, *args)
         finally:
             torch.set_num_threads(server_threads)
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
         return [self.replies.pop(m) for m in list(msg_ids) if m in self.replies]

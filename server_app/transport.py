@@ -74,6 +74,10 @@ class Transport(Protocol):
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]: ...
 
+    def wait(self, seconds: float) -> None:
+        """The engine's idle poll: sleep, or less when the transport knows work finished."""
+        ...
+
 
 def reply_from_message(msg: Message) -> Reply:
     msg_id = msg.metadata.reply_to_message_id
@@ -148,6 +152,9 @@ class GridTransport:
         if not ids or not ids[0]:
             raise SendRefused(f"the SuperLink refused a {message_type} message to node {node_id}")
         return str(ids[0])
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
         """Replies to `msg_ids` ready now: a fresh pull's (waited for up to `pull_wait`)

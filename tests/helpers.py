@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -76,6 +77,9 @@ class ScriptedTransport:
             reply = Reply(msg_id, metrics=metrics, arrays=out, sets=named[0] if named else {})
         self.pending[msg_id] = (int(self.rng.integers(0, self.max_delay + 1)), reply)
         return msg_id
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
         ready = []
