@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -266,3 +267,26 @@ def test_a_run_with_a_rejected_reply_goes_on_and_reports_its_edges(
         json.loads(line)["accuracy"] for line in (tmp_path / name / "metrics.jsonl").open()
     ]
     assert summary["acc_std"] == pytest.approx(float(np.std(accuracies)))
+
+
+def test_a_checkpointed_hierarchy_goes_on_identically() -> None:
+    first = hierarchy("mafsa", p=0.4)
+    for _ in range(3):
+        for task in first.plan(View(idle=(0, 1, 2, 3), capacity=4), np.random.default_rng(0)):
+            reply(
+                first,
+                task.client,
+                [1, 2],
+                1,
+                **{n: v for n, v in task.models.items() if n == STALE},
+            )
+    second = hierarchy("mafsa", p=0.4)
+    second.load_state(pickle.loads(pickle.dumps(first.state())))
+    plans = [
+        s.plan(View(idle=(0, 1, 2, 3), capacity=4), np.random.default_rng(0))
+        for s in (first, second)
+    ]
+    assert [(a.client, a.entries, a.settings) for a in plans[0]] == [
+        (a.client, a.entries, a.settings) for a in plans[1]
+    ]
+    assert first.summary() == second.summary()
