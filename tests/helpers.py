@@ -12,6 +12,7 @@ from common.config import RunConfig
 from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
 from server_app.transport import Reply
 from strategies.base import Update, View
+from strategies.registry import STRATEGIES
 
 V0 = View()  # the view of a strategy at version 0, for unit tests of on_update
 
@@ -123,3 +124,11 @@ class ListRecorder:
 
     def update(self, row: dict[str, Any]) -> None:
         self.updates.append(row)
+
+
+# The one line a run config naming strategy 'nope' gets (every registered rule listed).
+UNKNOWN_STRATEGY = (
+    "run config: unknown strategy 'nope'; choose one of "
+    f"{', '.join(sorted(STRATEGIES))}; fix it in [tool.flwr.app.config] of pyproject.toml "
+    "or with --run-config"
+)
