@@ -45,6 +45,20 @@ def rows(path: Path) -> list[dict]:
     return read_jsonl(path) if path.exists() else []
 
 
+def run_deployed(
+    tmp_path: Path, name: str, config: dict, delays: list[float]
+) -> tuple[dict, list[dict], list[dict]]:
+    """One SuperNode per delay, `config` run on them as run `name`, every process stopped;
+    the run's summary, updates.jsonl and metrics.jsonl rows."""
+    runs = tmp_path / "runs"
+    config = {**config, "runs-dir": str(runs), "run-name": name}
+    with LocalDeployment(tmp_path / "home", len(delays), delays=delays) as deployment:
+        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((runs / name / "summary.json").read_text())
+    return summary, rows(runs / name / "updates.jsonl"), rows(runs / name / "metrics.jsonl")
+
+
 def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT) -> int:
     try:
         return process.wait(timeout)
@@ -206,7 +220,6 @@ def test_supersede_and_per_client_evaluation_over_real_supernodes(tmp_path: Path
     """FedAsync with bounded staleness supersedes the slow node's task while that node is
     still training it: its reply is dropped and the replacement waits behind it on the
     node. Per-client evaluation goes out as Flower evaluate messages."""
-    runs = tmp_path / "runs"
     config = {
         **SMALL,
         "strategy": "fedasync",
@@ -214,20 +227,14 @@ def test_supersede_and_per_client_evaluation_over_real_supernodes(tmp_path: Path
         "eval-target": "per-client",
         "eval-interval": 20.0,
         "max-versions": 10,
-        "runs-dir": str(runs),
-        "run-name": "sup",
     }
-    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 0.0, 8.0]) as deployment:
-        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((runs / "sup" / "summary.json").read_text())
+    summary, updates, metrics = run_deployed(tmp_path, "sup", config, [0.0, 0.0, 8.0])
     assert summary["tasks_superseded"] >= 1 and summary["tasks_lost"] == 0
     assert summary["updates_rejected"] == 0 and summary["versions"] == 10
     assert summary["evaluation"] == "per-client"
-    metrics = rows(runs / "sup" / "metrics.jsonl")
     assert metrics and all(row["clients"] == 3 for row in metrics)  # every node answered
     assert metrics[-1]["accuracy"] > 0.3
-    handled = [row["task"] for row in rows(runs / "sup" / "updates.jsonl")]
+    handled = [row["task"] for row in updates]
     assert len(handled) == len(set(handled)) == summary["updates_accepted"]
 
 
@@ -235,7 +242,6 @@ def test_pace_multicast_and_personal_evaluation_over_real_supernodes(tmp_path: P
     """PACE on real SuperNodes: a multicast supersedes the task the slow node is training
     (its reply is dropped, its new task waits behind it) and every client's personalised
     model is scored on that node's own split through Flower evaluate messages."""
-    runs = tmp_path / "runs"
     config = {
         **SMALL,
         "strategy": "pace",
@@ -245,19 +251,12 @@ def test_pace_multicast_and_personal_evaluation_over_real_supernodes(tmp_path: P
         "pace-multicast-max": 1,
         "eval-interval": 20.0,
         "max-updates": 10,
-        "runs-dir": str(runs),
-        "run-name": "pace",
     }
-    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 0.0, 10.0]) as deployment:
-        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((runs / "pace" / "summary.json").read_text())
+    summary, updates, metrics = run_deployed(tmp_path, "pace", config, [0.0, 0.0, 10.0])
     assert summary["evaluation"] == "per-client"
     assert summary["tasks_superseded"] >= 1 and summary["tasks_lost"] == 0
     assert summary["updates_accepted"] == 10 and summary["updates_rejected"] == 0
-    updates = rows(runs / "pace" / "updates.jsonl")
     assert sum(row["multicast"] for row in updates) == summary["tasks_superseded"]
-    metrics = rows(runs / "pace" / "metrics.jsonl")
     assert metrics and all(row["clients"] == 3 for row in metrics)
     assert metrics[-1]["accuracy"] > 0.3
 
@@ -266,22 +265,10 @@ def test_fedqs_over_real_supernodes(tmp_path: Path) -> None:
     """FedQS-SGD on real SuperNodes of different speeds: every client trains all the time,
     the server aggregates every K = 2 arrivals, classifies clients at dispatch once speeds
     and angles exist, and the flag each task carried comes back with its update."""
-    runs = tmp_path / "runs"
-    config = {
-        **SMALL,
-        "strategy": "fedqs-sgd",
-        "grad-clip": 20.0,
-        "max-updates": 16,
-        "runs-dir": str(runs),
-        "run-name": "fedqs",
-    }
-    with LocalDeployment(tmp_path / "home", 3, delays=[0.0, 1.0, 4.0]) as deployment:
-        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
-    assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((runs / "fedqs" / "summary.json").read_text())
+    config = {**SMALL, "strategy": "fedqs-sgd", "grad-clip": 20.0, "max-updates": 16}
+    summary, updates, _ = run_deployed(tmp_path, "fedqs", config, [0.0, 1.0, 4.0])
     assert summary["updates_accepted"] == 16 and summary["updates_rejected"] == 0
     assert summary["versions"] == 8  # K = 2
-    updates = rows(runs / "fedqs" / "updates.jsonl")
     assert {"type", "theta", "lr", "momentum", "flag", "weight"} <= set(updates[0])
     kinds = [row["type"] for row in updates]
     assert kinds[:2] == ["", ""] and any(kinds)  # classified once speeds and angles exist
