@@ -80,6 +80,22 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
     return [done[job.name] for job in jobs]
 
 
+def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dict[str, Any], Path]:
+    """Run `values` under the job's name with the real engine, strategies and client code in
+    this (worker) process; the result's shared fields (name, labels, summary, seconds) and
+    the run's folder, from which each reproduction reads its curves."""
+    from client_app.local import local_transport
+    from server_app.experiment import run_experiment
+    from strategies.registry import load_config
+
+    run, params = load_config({**values, "run-name": job.name, "runs-dir": runs_dir})
+    started = time.monotonic()
+    summary = run_experiment(run, params, local_transport(run))
+    seconds = time.monotonic() - started
+    result = {"name": job.name, **job.labels, "summary": summary, "seconds": seconds}
+    return result, Path(runs_dir) / job.name
+
+
 def matching(results: list[dict[str, Any]], **labels: Any) -> list[dict[str, Any]]:
     """The results whose labels equal every one given."""
     return [r for r in results if all(r[key] == value for key, value in labels.items())]

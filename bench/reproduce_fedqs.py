@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finished, matching, run_all, table_head
+from bench.grid import Job, finished, matching, run_all, run_in_process, table_head
 from server_app.compare import first_reach, mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -134,31 +134,15 @@ SUITES = {"main": main_jobs, "ablation": ablation_jobs, "robustness": robustness
 
 def run_job(job: Job, runs_dir: str, aggregations: int) -> dict[str, Any]:
     """One run in this (worker) process; its summary, curve and FedQS's per-update records."""
-    from client_app.local import local_transport
-    from server_app.experiment import run_experiment
     from server_app.results import read_jsonl
-    from strategies.registry import load_config
 
     k = PROTOCOL["buffer-size"]
-    values = {
-        **PROTOCOL,
-        **job.config,
-        "max-updates": aggregations * k,
-        "eval-interval": 250.0,
-        "run-name": job.name,
-        "runs-dir": runs_dir,
-    }
-    run, params = load_config(values)
-    started = time.monotonic()
-    summary = run_experiment(run, params, local_transport(run))
-    folder = Path(runs_dir) / job.name
+    values = {**PROTOCOL, **job.config, "max-updates": aggregations * k, "eval-interval": 250.0}
+    result, folder = run_in_process(job, runs_dir, values)
     rows = read_jsonl(folder / "metrics.jsonl")
     updates = [u for u in read_jsonl(folder / "updates.jsonl") if "type" in u]
     return {
-        "name": job.name,
-        **job.labels,
-        "summary": summary,
-        "seconds": time.monotonic() - started,
+        **result,
         "curve": [(r["virtual_time"], r["accuracy"]) for r in rows],
         "types": [(u["time"], u["type"], u["lr"]) for u in updates],
     }

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, matching, run_all, table_head
+from bench.grid import Job, finals, finished, matching, run_all, run_in_process, table_head
 from server_app.compare import first_reach, mean_std
 
 DATA = {
@@ -142,23 +142,11 @@ def sweep_jobs(suite: str, data: list[str], seeds: int) -> list[Job]:
 
 def run_job(job: Job, runs_dir: str) -> dict[str, Any]:
     """One run in this (worker) process; its summary and accuracy curve."""
-    from client_app.local import local_transport
-    from server_app.experiment import run_experiment
     from server_app.results import read_jsonl
-    from strategies.registry import load_config
 
-    values = {**PROTOCOL, **job.config, "run-name": job.name, "runs-dir": runs_dir}
-    run, params = load_config(values)
-    started = time.monotonic()
-    summary = run_experiment(run, params, local_transport(run))
-    rows = read_jsonl(Path(runs_dir) / job.name / "metrics.jsonl")
-    return {
-        "name": job.name,
-        **job.labels,
-        "summary": summary,
-        "seconds": time.monotonic() - started,
-        "curve": [(r["virtual_time"], r["accuracy"]) for r in rows],
-    }
+    result, folder = run_in_process(job, runs_dir, {**PROTOCOL, **job.config})
+    rows = read_jsonl(folder / "metrics.jsonl")
+    return {**result, "curve": [(r["virtual_time"], r["accuracy"]) for r in rows]}
 
 
 def time_to(result: dict[str, Any], target: float) -> float | None:

@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finished, matching, run_all, table_head
+from bench.grid import Job, finished, matching, run_all, run_in_process, table_head
 from server_app.compare import first_reach, mean_std
 
 PARTITIONS = {
@@ -116,29 +116,13 @@ def jobs_for(methods: list[str], seeds: int, seeds_all: int) -> list[Job]:
 
 def run_job(job: Job, runs_dir: str, updates: int) -> dict[str, Any]:
     """One run in this (worker) process; its summary and mean-client-accuracy curve."""
-    from client_app.local import local_transport
-    from server_app.experiment import run_experiment
     from server_app.results import read_jsonl
-    from strategies.registry import load_config
 
-    values = {
-        **PROTOCOL,
-        **job.config,
-        "max-updates": updates,
-        "run-name": job.name,
-        "runs-dir": runs_dir,
-    }
-    run, params = load_config(values)
-    started = time.monotonic()
-    summary = run_experiment(run, params, local_transport(run))
-    rows = read_jsonl(Path(runs_dir) / job.name / "metrics.jsonl")
-    return {
-        "name": job.name,
-        **job.labels,
-        "summary": summary,
-        "seconds": time.monotonic() - started,
-        "curve": [(r["virtual_time"], r["accuracy"], r["accuracy_std"]) for r in rows],
-    }
+    values = {**PROTOCOL, **job.config, "max-updates": updates}
+    result, folder = run_in_process(job, runs_dir, values)
+    rows = read_jsonl(folder / "metrics.jsonl")
+    curve = [(r["virtual_time"], r["accuracy"], r["accuracy_std"]) for r in rows]
+    return {**result, "curve": curve}
 
 
 def cell(results: list[dict[str, Any]], method: str, part: str) -> list[float]:

@@ -138,6 +138,7 @@ class Hierarchy(Strategy):
 
     returns = RETURN_MODEL
     Params = HierarchyParams
+    params: HierarchyParams
     reuses_stale: ClassVar[bool] = False
     EMPTY_ROUNDS_PER_PLAN = 100  # bounds the draws when every reachable client is offline
 
@@ -172,11 +173,6 @@ class Hierarchy(Strategy):
             raise ValueError(f"{run.strategy} plans rounds per edge; set prefetch = false")
 
     # ------------------------------------------------------------ topology
-    @property
-    def p(self) -> HierarchyParams:
-        assert isinstance(self.params, HierarchyParams)
-        return self.params
-
     def edge_of(self, client: int) -> int:
         return next(k for k, edge in enumerate(self.edges) if client in edge.clients)
 
@@ -203,7 +199,7 @@ class Hierarchy(Strategy):
                 self.edges[k].clients = sorted([*self.edges[k].clients, client])
 
     def latency_factors(self) -> np.ndarray | None:
-        slowdown = self.p.slowdown
+        slowdown = self.params.slowdown
         if not slowdown:
             return None
         factors = np.ones(self.run.num_clients)
@@ -229,7 +225,9 @@ class Hierarchy(Strategy):
             return []
         for _ in range(self.EMPTY_ROUNDS_PER_PLAN):
             chosen = [
-                c for c in reachable if online(c, edge.round, self.p.dropout_rate, self.run.seed)
+                c
+                for c in reachable
+                if online(c, edge.round, self.params.dropout_rate, self.run.seed)
             ]
             for client in set(edge.clients) - set(chosen):
                 self.dropped_at.setdefault(client, edge.round)
@@ -333,7 +331,7 @@ class Hierarchy(Strategy):
         edge.rounds_done += 1
         edge.since_upload += 1
         changed = False
-        if edge.since_upload >= self.p.mafsa_edge_rounds:
+        if edge.since_upload >= self.params.mafsa_edge_rounds:
             edge.since_upload = 0
             changed = self.upload(k)
         return Outcome(changed=changed, records=records)
@@ -395,7 +393,7 @@ class MAFSA(Hierarchy):
     def upload(self, k: int) -> bool:
         edge = self.edges[k]
         self.model = cloud_step(
-            self.model, edge.model, edge.base, self.share(k), self.p.mafsa_cloud_rule
+            self.model, edge.model, edge.base, self.share(k), self.params.mafsa_cloud_rule
         )
         edge.model, edge.base = self.model.copy(), self.model.copy()
         self.cloud_updates += 1
