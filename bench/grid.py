@@ -52,6 +52,15 @@ def finished(jobs: list[Job], out: Path) -> list[dict[str, Any]]:
     return [done[job.name] for job in jobs if job.name in done]
 
 
+def one_core() -> None:
+    """A worker's torch and BLAS threads: one, as the worker has one core."""
+    import torch
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(1)
+
+
 def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[dict[str, Any]]:
     """Run the jobs results.jsonl lacks with `runner` (a picklable top-level function or a
     functools.partial of one), print progress with an ETA; every job's result, in order."""
@@ -63,7 +72,7 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
     todo = [job for job in jobs if job.name not in done]
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
-    with context.Pool(workers) as pool, done_path.open("a") as sink:
+    with context.Pool(workers, initializer=one_core) as pool, done_path.open("a") as sink:
         pending = [pool.apply_async(runner, (job, str(out / "runs"))) for job in todo]
         for index, handle in enumerate(pending, 1):
             result = handle.get()

@@ -19,6 +19,7 @@ from common.federation import client_data, client_holdout, data_shape
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.records import ArraySets
 from common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
+from common.threads import on_client_threads
 
 Arrays = dict[str, np.ndarray]
 
@@ -31,6 +32,7 @@ def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
     return model.to(resolve_device(cfg.device)), ParamLayout.of(model)
 
 
+@on_client_threads
 def train_task(
     cfg: RunConfig,
     partition: int,
@@ -43,8 +45,6 @@ def train_task(
     returns (metrics, delta or model, other named array sets). `state` is the client's
     kept state, updated in place."""
     started = time.perf_counter()
-    if cfg.client_threads:
-        torch.set_num_threads(cfg.client_threads)
     spec = TaskSpec.from_config(config)
     model, layout = client_model(cfg)
     start = layout.flatten(dict(arrays))
@@ -101,6 +101,7 @@ def train_task(
     return metrics, result, outputs
 
 
+@on_client_threads
 def evaluate_task(
     cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
 ) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from common.federation import client_holdout, federation_of, test_data
 from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.sensitivity import loss_gradient, sketch_for_task
+from common.threads import blas_threads
 from server_app import checkpoint
 from server_app.engine import Engine
 from server_app.evaluation import ClientScorer, Evaluator
@@ -219,7 +220,7 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
     if run.test_faults:
         log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
     try:
-        with Heartbeat(recorder.dir / HEARTBEAT_FILE):
+        with Heartbeat(recorder.dir / HEARTBEAT_FILE), blas_threads(1):
             engine.run_loop()
     finally:
         progress.close()

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable, Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
-import torch
 
 from common.config import RunConfig
 from common.records import ArraySets
@@ -80,12 +79,8 @@ class InProcessTransport:
         self.replies[msg_id] = Reply(msg_id, metrics=metrics)
 
     def client_work(self, work: Callable[..., Any], *args: Any) -> Any:
-        """The client's work (which sets `client-threads`); the server keeps its threads."""
-        server_threads = torch.get_num_threads()
-        try:
-            return work(self.run, *args)
-        finally:
-            torch.set_num_threads(server_threads)
+        """The client's work, on `client-threads` threads; the server keeps its own."""
+        return work(self.run, *args)
 
     def wait(self, seconds: float) -> None:
         time.sleep(seconds)
