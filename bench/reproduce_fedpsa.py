@@ -25,7 +25,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, grid, matching, run_all, table_head
+from bench.grid import Job, finals, finished, grid, matching, run_all, run_in_process, table_head
 from server_app.compare import Group, Run, mean_std, plot_accuracy
 
 DAY = 86_400.0
@@ -152,35 +152,23 @@ SUITES = {
 
 
 def run_job(job: Job, runs_dir: str, budget: float) -> dict[str, Any]:
-    """One run in this (worker) process; returns its summary and accuracy curve."""
-    from client_app.local import local_transport
-    from server_app.experiment import run_experiment
+    """One run in this (worker) process; returns its summary, run time and accuracy curve."""
     from server_app.results import read_jsonl
-    from strategies.registry import load_config
 
     values = {
         **PROTOCOL,
         **job.config,
         "max-virtual-time": budget,
         "eval-interval": budget / 50,
-        "run-name": job.name,
-        "runs-dir": runs_dir,
         "progress-interval": 3600.0,
     }
-    run, params = load_config(values)
-    summary = run_experiment(run, params, local_transport(run))
-    rows = read_jsonl(Path(runs_dir) / job.name / "metrics.jsonl")
-    curve = [(row["virtual_time"], row["accuracy"]) for row in rows]
-    kappas = [
-        u["kappa"] for u in read_jsonl(Path(runs_dir) / job.name / "updates.jsonl") if "kappa" in u
-    ]
-    mean_kappa = statistics.mean(kappas) if kappas else None
+    result, folder = run_in_process(job, runs_dir, values)
+    curve = [(row["virtual_time"], row["accuracy"]) for row in read_jsonl(folder / "metrics.jsonl")]
+    kappas = [u["kappa"] for u in read_jsonl(folder / "updates.jsonl") if "kappa" in u]
     return {
-        "name": job.name,
-        **job.labels,
-        "summary": summary,
+        **result,
         "curve": curve,
-        "mean_kappa": mean_kappa,
+        "mean_kappa": statistics.mean(kappas) if kappas else None,
     }
 
 
