@@ -13,7 +13,8 @@ ResNet-18, not trainable here at their budget): Fashion-MNIST, per-class Dirichl
 SGD lr 0.1 (no decay), momentum 0 (FedQS sets its own), gradient clip 20; a budget of 400
 aggregations of K, i.e. 4,000 client updates for every method (FedAvg: 400 rounds of 10
 clients, FedBuff K 10, FedAsync one version per update). Accuracy: the global model on the
-test set. Oscillation: std of the evaluations over the last 20% of the run.
+test set, about 50 times a run (eval-interval from the run's expected virtual length).
+Oscillation: std of the evaluations over the last 20% of the run.
 
 Runs use the real engine, strategies and client code in-process, several at once on
 separate cores; results.jsonl keeps each finished run, so an interrupted grid resumes.
@@ -24,6 +25,7 @@ mix and mean lr over time).
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import statistics
 import time
@@ -84,6 +86,19 @@ PROTOCOL = {
     "checkpoint-every": 0,
 }
 AGGREGATIONS = 400
+EVALUATIONS = 50  # per run, whatever its virtual length: the oscillation needs ~10 in the tail
+
+
+def expected_length(values: dict[str, Any]) -> float:
+    """Virtual time a run of `max-updates` updates takes on average with periods uniform in
+    [1, R]: synchronous FedAvg waits for the slowest of its C clients each round (E max =
+    1 + (R - 1) C / (C + 1)); every other method keeps all N clients busy, whose updates
+    arrive at N E[1 / period] = N ln R / (R - 1) per unit."""
+    ratio, updates = values["latency-max"], values["max-updates"]
+    if values["strategy"] == "fedavg":
+        clients = values["concurrency"]
+        return updates / clients * (1 + (ratio - 1) * clients / (clients + 1))
+    return updates / (values["num-clients"] * math.log(ratio) / (ratio - 1))
 
 
 def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
@@ -137,7 +152,8 @@ def run_job(job: Job, runs_dir: str, aggregations: int) -> dict[str, Any]:
     from server_app.results import read_jsonl
 
     k = PROTOCOL["buffer-size"]
-    values = {**PROTOCOL, **job.config, "max-updates": aggregations * k, "eval-interval": 250.0}
+    values = {**PROTOCOL, **job.config, "max-updates": aggregations * k}
+    values["eval-interval"] = expected_length(values) / EVALUATIONS
     result, folder = run_in_process(job, runs_dir, values)
     rows = read_jsonl(folder / "metrics.jsonl")
     updates = [u for u in read_jsonl(folder / "updates.jsonl") if "type" in u]
