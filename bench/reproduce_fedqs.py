@@ -51,6 +51,7 @@ PAIRS = (("fedqs-sgd", "safl-fedsgd"), ("fedqs-avg", "safl-fedavg"))
 ABLATIONS = {
     "full": {},
     "no-feedback": {"fedqs-ablation": "no-feedback"},
+    "no flag weight (diagnostic)": {"fedqs-ablation": "no-flag-weight"},
     "no-momentum": {"fedqs-ablation": "no-momentum"},
     "similarity l1": {"fedqs-similarity": "l1"},
     "similarity l2": {"fedqs-similarity": "l2"},

@@ -120,7 +120,7 @@ class FedQSParams(KebabModel):
     fedqs_lr_min: float = Field(1e-3, gt=0)
     fedqs_lr_max: float = Field(0.2, gt=0)
     fedqs_spread_limit: float = Field(30.0, ge=0)  # points of per-class accuracy spread
-    fedqs_ablation: Literal["none", "no-feedback", "no-momentum"] = "none"
+    fedqs_ablation: Literal["none", "no-feedback", "no-flag-weight", "no-momentum"] = "none"
     fedqs_similarity: Literal["angle", "l1", "l2"] = "angle"
     fedqs_pseudo_gradient: Literal["delta", "previous-global"] = "delta"
 
@@ -334,6 +334,7 @@ class FedQSSGD(KFifo):
         for client in clients:
             self.count[client] += 1
         total = float(self.count.sum())
+        ignore_flags = self.params.fedqs_ablation == "no-flag-weight"
         if self.params.fedqs_ablation == "no-feedback":
             weights = np.full(len(batch), 1.0 / len(batch))
         else:
@@ -341,7 +342,7 @@ class FedQSSGD(KFifo):
                 np.array([q.update.num_examples for q in batch]),
                 self.count[clients],
                 total,
-                np.array([q.flag for q in batch]),
+                np.array([q.flag and not ignore_flags for q in batch]),
                 np.array([q.theta or 0.0 for q in batch]),
                 mean_nonzero(self.theta),
             )

@@ -94,6 +94,34 @@ def test_weights_of_a_k3_aggregation_with_one_flagged_update() -> None:
     assert frequent == pytest.approx([boost / (boost + 1), 1 / (boost + 1)])
 
 
+BOOST = (math.e / 2) ** (0.1 - 1 / 3) * (1 + (30 / 20) ** 2)  # f_i / sum f = 1/3
+
+
+@pytest.mark.parametrize(
+    ("ablation", "expected"),
+    [
+        ("none", [100 * BOOST, 200, 100]),
+        ("no-flag-weight", [100, 200, 100]),  # n_i / sum n, the flag ignored
+        ("no-feedback", [1, 1, 1]),  # uniform
+    ],
+)
+def test_ablations_of_the_weights(ablation: str, expected: list[float]) -> None:
+    # through the rule: clients 0-2 with 100, 200, 100 samples, each aggregated once;
+    # client 0's task was flagged with theta 30, theta_bar = mean(30, 10, 20) = 20
+    strategy = fedqs(fedqs_ablation=ablation)
+    strategy.theta[:] = [30.0, 10.0, 20.0]
+    for client in range(3):
+        kind = q.FBC if client == 0 else q.FUC
+        strategy.pending[client] = q.Sent(kind, 30.0, client == 0, 0.1, 0.0)
+    samples = (100, 200, 100)
+    outcomes = [
+        strategy.on_update(reply(c, [1, 0, 0, 0], n, float(c == 0), 0.0), V0)
+        for c, n in enumerate(samples)
+    ]
+    weights = [record["weight"] for record in outcomes[-1].records]
+    assert weights == pytest.approx(np.array(expected) / sum(expected))
+
+
 def test_thresholds_are_means_of_the_non_zero_values() -> None:
     assert q.mean_nonzero(np.array([0.0, 2.0, 4.0, 0.0])) == 3.0
     assert q.mean_nonzero(np.zeros(3)) == 0.0
