@@ -56,6 +56,14 @@ ABLATIONS = {
     "similarity l1": {"fedqs-similarity": "l1"},
     "similarity l2": {"fedqs-similarity": "l2"},
     "pseudo-gradient w^(t-1)": {"fedqs-pseudo-gradient": "previous-global"},
+    # Diagnostics, not the paper's: every update 20 local steps (a median client's 2 epochs)
+    # instead of 2 epochs, so the n_i / sum n weights no longer favour the updates that took
+    # the most steps; with and without the weighting.
+    "full, 20 local steps (diagnostic)": {"local-steps": 20},
+    "no-feedback, 20 local steps (diagnostic)": {
+        "fedqs-ablation": "no-feedback",
+        "local-steps": 20,
+    },
 }
 ROBUSTNESS = {"50 clients 1:20": (50, 20.0), "200 clients 1:100": (200, 100.0)}
 PAPER = {  # CIFAR-10 ResNet-18, final accuracy % at alpha 0.1 / 0.5 / 1.0
