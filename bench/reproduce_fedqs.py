@@ -73,6 +73,7 @@ PAPER = {  # CIFAR-10 ResNet-18, final accuracy % at alpha 0.1 / 0.5 / 1.0
     "fedqs-sgd": (68.88, 86.11, 86.79),
 }
 PAPER_ROBUSTNESS = {"50 clients 1:20": (70.1, 80.7), "200 clients 1:100": (49.4, 80.1)}
+ROBUSTNESS_METHODS = ("fedavg", "fedqs-sgd", "safl-fedsgd")  # the paper's two, and our baseline
 PROTOCOL = {
     "dataset": "fmnist",
     "model": "lenet",
@@ -137,7 +138,7 @@ def robustness_jobs(seeds: int, seeds_all: int) -> list[Job]:
     jobs = []
     for seed in range(seeds_all):
         for setting, (clients, ratio) in ROBUSTNESS.items():
-            for method in ("fedavg", "fedqs-sgd"):
+            for method in ROBUSTNESS_METHODS:
                 labels = {"suite": "robustness", "setting": setting, "method": method}
                 settings = {
                     **METHODS[method],
@@ -292,14 +293,16 @@ def ablation_table(results: list[dict[str, Any]], aggregations: int) -> str:
 def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
     lines = table_head(
         f"Robustness on Fashion-MNIST, alpha 0.1, {aggregations} aggregations: final accuracy "
-        "(%) ours / paper (CIFAR-10).",
-        ["setting", "FedAvg", "FedQS-SGD"],
+        "(%) ours / paper (CIFAR-10; the paper has no SAFL FedSGD here).",
+        ["setting", "FedAvg", "FedQS-SGD", "SAFL FedSGD"],
     )
     for setting, paper in PAPER_ROBUSTNESS.items():
         cells = []
-        for method, theirs in zip(("fedavg", "fedqs-sgd"), paper, strict=True):
+        for method, theirs in zip(ROBUSTNESS_METHODS, [*paper, None], strict=True):
             rows = matching(results, setting=setting, method=method)
-            cells.append(f"{mean_std([final(r) for r in rows])} / {theirs:.1f}")
+            cells.append(
+                f"{mean_std([final(r) for r in rows])} / " + (f"{theirs:.1f}" if theirs else "-")
+            )
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
