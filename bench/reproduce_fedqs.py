@@ -233,7 +233,7 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
         fedqs = matching(results, method="fedqs-sgd", alpha=alpha)
         if fedavg and fedqs:
             target = statistics.mean(map(final, fedavg))
-            end = statistics.mean(r["curve"][-1][0] for r in fedavg)
+            end = mean_end(fedavg)
             reached = [time_to(r, target) for r in fedqs]
             if None in reached:
                 lines.append(short_of(alpha, fedqs, fedavg, target, end))
@@ -255,7 +255,7 @@ def short_of(
 ) -> str:
     """What a FedQS-SGD that missed FedAvg's final did reach, and what FedAvg needed for it."""
     mine = statistics.mean(map(final, fedqs))
-    mine_end = statistics.mean(r["curve"][-1][0] for r in fedqs)
+    mine_end = mean_end(fedqs)
     theirs = [time_to(r, mine) for r in fedavg]
     if None in theirs:
         answer = f"FedAvg never reached its final {mine:.2f}%"
@@ -270,7 +270,12 @@ def short_of(
 
 
 def best(result: dict[str, Any]) -> float:
-    return 100 * max(a for _, a in result["curve"])
+    return 100 * result["summary"]["best_accuracy"]
+
+
+def mean_end(rows: list[dict[str, Any]]) -> float:
+    """Mean virtual time of the runs' last evaluations."""
+    return statistics.mean(r["curve"][-1][0] for r in rows)
 
 
 def ablation_table(results: list[dict[str, Any]], aggregations: int) -> str:

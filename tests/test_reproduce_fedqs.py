@@ -12,7 +12,10 @@ def run(method: str, curve: list[tuple[float, float]]) -> dict[str, Any]:
         "method": method,
         "alpha": 0.1,
         "curve": curve,
-        "summary": {"final_accuracy": curve[-1][1]},
+        "summary": {
+            "final_accuracy": curve[-1][1],
+            "best_accuracy": max(accuracy for _, accuracy in curve),
+        },
     }
 
 
