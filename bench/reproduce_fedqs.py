@@ -227,7 +227,7 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
                 )
                 lines.append(
                     f"- alpha {alpha}: {ours} - {baseline}: final {acc:+.2f} points, "
-                    f"oscillation {osc:+.2f}"
+                    f"oscillation {osc:+.2f}{per_seed(mine, theirs)}"
                 )
         fedavg = matching(results, method="fedavg", alpha=alpha)
         fedqs = matching(results, method="fedqs-sgd", alpha=alpha)
@@ -244,6 +244,16 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
                     f"time {mean:,.0f}, {100 * mean / end:.0f}% of FedAvg's {end:,.0f}"
                 )
     return lines
+
+
+def per_seed(mine: list[dict[str, Any]], theirs: list[dict[str, Any]]) -> str:
+    """Final-accuracy differences of the seeds both methods ran, where there are two or more
+    (whether a mean's sign holds seed by seed)."""
+    baseline = {r["seed"]: final(r) for r in theirs}
+    paired = [(r["seed"], final(r) - baseline[r["seed"]]) for r in mine if r["seed"] in baseline]
+    if len(paired) < 2:
+        return ""
+    return "; per seed " + ", ".join(f"s{seed} {gap:+.2f}" for seed, gap in sorted(paired))
 
 
 def short_of(

@@ -7,10 +7,11 @@ from typing import Any
 from bench.reproduce_fedqs import claim_lines
 
 
-def run(method: str, curve: list[tuple[float, float]]) -> dict[str, Any]:
+def run(method: str, curve: list[tuple[float, float]], seed: int = 0) -> dict[str, Any]:
     return {
         "method": method,
         "alpha": 0.1,
+        "seed": seed,
         "curve": curve,
         "summary": {
             "final_accuracy": curve[-1][1],
@@ -50,3 +51,18 @@ def test_pairs_compare_final_accuracy_and_oscillation() -> None:
     (line,) = claim_lines([fedqs, safl])
     # finals 72 vs 70; pstdev of (70, 74, 72) = 1.633, of (60, 80, 70) = 8.165
     assert line == "- alpha 0.1: fedqs-sgd - safl-fedsgd: final +2.00 points, oscillation -6.53"
+
+
+def test_pairs_over_seeds_give_each_seeds_difference() -> None:
+    runs = [
+        run("fedqs-sgd", [(0, 0.1), (100, 0.70)], seed=0),
+        run("fedqs-sgd", [(0, 0.1), (100, 0.80)], seed=1),
+        run("safl-fedsgd", [(0, 0.1), (100, 0.75)], seed=0),
+        run("safl-fedsgd", [(0, 0.1), (100, 0.76)], seed=1),
+    ]
+    (line,) = claim_lines(runs)
+    # means 75 vs 75.5; seed 0: 70 - 75, seed 1: 80 - 76; one evaluation each: no oscillation
+    assert line == (
+        "- alpha 0.1: fedqs-sgd - safl-fedsgd: final -0.50 points, oscillation +0.00; "
+        "per seed s0 -5.00, s1 +4.00"
+    )
