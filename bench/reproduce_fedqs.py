@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finished, matching, run_all, run_in_process, table_head
+from bench.grid import Job, finals, finished, matching, run_all, run_in_process, table_head
 from server_app.compare import first_reach, mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -205,7 +205,7 @@ def main_table(results: list[dict[str, Any]], aggregations: int) -> str:
             rows = matching(results, method=method, alpha=alpha)
             paper = PAPER.get(method)
             cells += [
-                mean_std([final(r) for r in rows]),
+                mean_std(finals(rows)),
                 f"{paper[index]:.2f}" if paper else "-",
                 mean_std([oscillation(r) for r in rows]),
             ]
@@ -221,7 +221,7 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
             mine = matching(results, method=ours, alpha=alpha)
             theirs = matching(results, method=baseline, alpha=alpha)
             if mine and theirs:
-                acc = statistics.mean(map(final, mine)) - statistics.mean(map(final, theirs))
+                acc = statistics.mean(finals(mine)) - statistics.mean(finals(theirs))
                 osc = statistics.mean(map(oscillation, mine)) - statistics.mean(
                     map(oscillation, theirs)
                 )
@@ -232,7 +232,7 @@ def claim_lines(results: list[dict[str, Any]]) -> list[str]:
         fedavg = matching(results, method="fedavg", alpha=alpha)
         fedqs = matching(results, method="fedqs-sgd", alpha=alpha)
         if fedavg and fedqs:
-            target = statistics.mean(map(final, fedavg))
+            target = statistics.mean(finals(fedavg))
             end = mean_end(fedavg)
             reached = [time_to(r, target) for r in fedqs]
             if None in reached:
@@ -264,7 +264,7 @@ def short_of(
     end: float,
 ) -> str:
     """What a FedQS-SGD that missed FedAvg's final did reach, and what FedAvg needed for it."""
-    mine = statistics.mean(map(final, fedqs))
+    mine = statistics.mean(finals(fedqs))
     mine_end = mean_end(fedqs)
     theirs = [time_to(r, mine) for r in fedavg]
     if None in theirs:
@@ -294,14 +294,14 @@ def ablation_table(results: list[dict[str, Any]], aggregations: int) -> str:
         "accuracy (%) and oscillation.",
         ["variant", "final", "oscillation", "vs full"],
     )
-    full = [final(r) for r in matching(results, variant="full")]
+    full = finals(matching(results, variant="full"))
     for variant in ABLATIONS:
         rows = matching(results, variant=variant)
-        finals = [final(r) for r in rows]
-        delta = statistics.mean(finals) - statistics.mean(full) if finals and full else None
+        ours = finals(rows)
+        delta = statistics.mean(ours) - statistics.mean(full) if ours and full else None
         gap = f"{delta:+.2f}" if delta is not None else "-"
         osc = mean_std([oscillation(r) for r in rows])
-        lines.append(f"| {variant} | {mean_std(finals)} | {osc} | {gap} |")
+        lines.append(f"| {variant} | {mean_std(ours)} | {osc} | {gap} |")
     return "\n".join(lines)
 
 
@@ -315,9 +315,7 @@ def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
         cells = []
         for method, theirs in zip(ROBUSTNESS_METHODS, [*paper, None], strict=True):
             rows = matching(results, setting=setting, method=method)
-            cells.append(
-                f"{mean_std([final(r) for r in rows])} / " + (f"{theirs:.1f}" if theirs else "-")
-            )
+            cells.append(f"{mean_std(finals(rows))} / " + (f"{theirs:.1f}" if theirs else "-"))
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
