@@ -38,12 +38,13 @@ tools:
 # The main job: FedPSA as its paper defines it (server step as written, eq. 20) on the
 # paper's kind of split (Dirichlet 0.1, Hsu et al.), run locally on every core; then a
 # one-screen summary. RUN_CONFIG's keys come last and override these (README, Two commands).
+# A demo run before this one is moved aside to runs/demo.previous-<time>, never deleted.
 DEMO_NAME = demo
 DEMO_CONFIG = strategy=fedpsa server-step=spec partition=dirichlet dirichlet-alpha=0.1 \
 	dirichlet-convention=hsu max-virtual-time=535680 eval-interval=8640 run-name=$(DEMO_NAME)
 
 demo: setup data
-	$(BIN)/fedstale run --local --run-config "$(DEMO_CONFIG) $(RUN_CONFIG)"
+	$(BIN)/fedstale run --local --overwrite --run-config "$(DEMO_CONFIG)" --run-config "$(RUN_CONFIG)"
 	$(BIN)/fedstale compare runs/$(DEMO_NAME) --out runs/$(DEMO_NAME)/summary --last 10 --target 0.8
 
 test: setup data tools

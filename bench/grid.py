@@ -97,7 +97,9 @@ def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dic
     from server_app.experiment import run_experiment
     from strategies.registry import load_config
 
-    run, params = load_config({**values, "run-name": job.name, "runs-dir": runs_dir})
+    # A job not in results.jsonl never finished: an earlier attempt's folder is moved aside.
+    named = {**values, "run-name": job.name, "runs-dir": runs_dir, "overwrite": True}
+    run, params = load_config(named)
     started = time.monotonic()
     summary = run_experiment(run, params, local_transport(run))
     seconds = time.monotonic() - started

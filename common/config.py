@@ -118,6 +118,7 @@ class RunConfig(KebabModel):
 
     checkpoint_every: int = Field(20, ge=0)
     resume_from: str = ""
+    overwrite: bool = False
     prefetch: bool = False
 
     poll_interval: float = Field(0.02, gt=0, le=5)

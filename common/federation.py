@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from common.config import RunConfig
-from common.data import load_dataset, normalize
+from common.config import ConfigError, RunConfig
+from common.data import DatasetUnavailable, load_dataset, normalize
 from common.files import write_atomically
 from common.partition import partition, split_validation
 
@@ -72,6 +72,22 @@ class FederationKey:
             cfg.num_clients,
             cfg.seed,
         )
+
+
+def require_dataset(cfg: RunConfig) -> None:
+    """The run's dataset loads (found, or downloaded and checked), or one ConfigError line."""
+    try:
+        load_dataset(cfg.dataset, cfg.data_dir)
+    except (DatasetUnavailable, ValueError, OSError) as err:
+        raise ConfigError(f"dataset '{cfg.dataset}': {err}") from None
+
+
+def effective_test_split(cfg: RunConfig) -> str:
+    """The test split a run really uses: `standard` falls back to a 10% holdout for a
+    dataset without a standard test split (digits)."""
+    if cfg.test_split == "standard" and load_dataset(cfg.dataset, cfg.data_dir).x_test is None:
+        return "holdout"
+    return cfg.test_split
 
 
 def _pool_and_test(key: FederationKey) -> tuple[np.ndarray, ...]:

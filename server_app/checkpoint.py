@@ -9,6 +9,7 @@ their replies can never arrive, so the resumed run treats them as lost and dispa
 
 from __future__ import annotations
 
+import json
 import logging
 import pickle
 import time
@@ -19,9 +20,9 @@ from typing import Any
 from common.config import ConfigError
 from common.files import write_atomically
 from server_app.engine import Engine
+from server_app.results import CHECKPOINT_FILE
 
 log = logging.getLogger("fedstale")
-CHECKPOINT_FILE = "checkpoint.pkl"
 FORMAT = 2
 
 
@@ -80,13 +81,56 @@ def load(location: str) -> Checkpoint:
     return checkpoint
 
 
-def restore(engine: Engine, checkpoint: Checkpoint) -> None:
-    """Put the engine and its strategy where the checkpoint left them."""
-    if checkpoint.strategy != engine.run.strategy:
+# Keys a resumed run may set anew: where results go, budgets, pacing and resources. Any
+# other key of the run folder's config.json must be the checkpoint's.
+MAY_CHANGE_ON_RESUME = {
+    "run-name",
+    "runs-dir",
+    "resume-from",
+    "overwrite",
+    "data-dir",
+    "device",
+    "client-threads",
+    "max-virtual-time",
+    "max-versions",
+    "max-updates",
+    "target-accuracy",
+    "max-wall-seconds",
+    "progress-interval",
+    "checkpoint-every",
+    "poll-interval",
+    "node-wait-seconds",
+    "task-ttl",
+    "task-timeout",
+}
+
+
+def check_resumable(checkpoint: Checkpoint, folder: Path, settings: dict[str, Any]) -> None:
+    """One ConfigError line unless `checkpoint` (in run folder `folder`) was written by a run
+    of these settings (the run config and the strategy's keys)."""
+    strategy = settings.get("strategy")
+    if checkpoint.strategy != strategy:
         raise ConfigError(
             f"resume-from: the checkpoint is of strategy '{checkpoint.strategy}', this run is "
-            f"'{engine.run.strategy}'; resume with strategy={checkpoint.strategy}"
+            f"'{strategy}'; resume with strategy={checkpoint.strategy}"
         )
+    config = folder / "config.json"
+    if not config.is_file():
+        raise ConfigError(f"resume-from: {folder} has no config.json; name the run's own folder")
+    saved = json.loads(config.read_text(encoding="utf-8"))
+    for key in sorted(set(settings) | set(saved)):
+        if key in MAY_CHANGE_ON_RESUME or key == "provenance" or key.endswith("-effective"):
+            continue
+        if saved.get(key) != settings.get(key):
+            raise ConfigError(
+                f"resume-from: the checkpoint's run had {key}={saved.get(key)!r}, this one "
+                f"{settings.get(key)!r}; resume with the same settings (only budgets, pacing, "
+                "devices and where results go may change)"
+            )
+
+
+def restore(engine: Engine, checkpoint: Checkpoint) -> None:
+    """Put the engine and its strategy where the checkpoint left them."""
     saved_model = checkpoint.strategy_state.get("model")
     if saved_model is not None and saved_model.shape != engine.strategy.model.shape:
         raise ConfigError(

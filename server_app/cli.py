@@ -1,8 +1,8 @@
 """`fedstale`: check a run config, then run the app in Flower simulation or locally.
 
-    fedstale check [--run-config "k=v ..."]
+    fedstale check [--run-config "k=v ..."] [--federation-config "k=v ..."]
     fedstale run   [--run-config "k=v ..."] [--federation-config "k=v ..."] [--app DIR]
-                   [--superlink NAME]
+                   [--superlink NAME] [--overwrite]
     fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
                    (no Flower: the same engine, clients trained in N processes)
     fedstale compare RUN... [--last K] [--target ACC] [--out DIR]
@@ -39,7 +39,15 @@ from server_app import compare, deploy
 from server_app.checkpoint import CHECKPOINT_FILE
 from server_app.engine import EngineError
 from server_app.heartbeat import STALE_SECONDS, server_died
-from server_app.launch import app_defaults, flower_env, parse_pairs, resolve, to_flower, tool
+from server_app.launch import (
+    app_defaults,
+    federation_options,
+    flower_env,
+    merged_pairs,
+    resolve,
+    to_flower,
+    tool,
+)
 from server_app.local_link import owned_local_superlink
 from server_app.results import runs_root
 from strategies.registry import load_config
@@ -48,7 +56,7 @@ from strategies.registry import load_config
 def flower_command(
     app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
 ) -> list[str]:
-    fed_values = parse_pairs(federation)
+    fed_values = federation_options(federation)
     fed_values.setdefault("num-supernodes", run.num_clients)
     # Flower's Ray backend gives each ClientApp 2 CPUs unless told otherwise: one actor on a
     # 2-core box. A ClientApp uses `client-threads` torch threads (1 by default).
@@ -66,25 +74,38 @@ def flower_command(
     ]
 
 
-def run_simulation(app: Path, run_config: str, federation: str, superlink: str = "") -> int:
-    run, overrides = resolve(app, parse_pairs(run_config))
+def preflight(app: Path, pairs: dict[str, Any], federation: str = "") -> tuple[RunConfig, dict]:
+    """Every check that can be made before a run starts (config, federation options, runs
+    directory, the checkpoint to resume, an earlier run in the folder, the dataset): the
+    validated config and the overrides for Flower, or one ConfigError line."""
+    from server_app.experiment import prepare
+
+    run, overrides = resolve(app, pairs)
+    federation_options(federation)
+    _, params = load_config({**app_defaults(app), **overrides})
+    prepare(run, params, run.run_name)
+    return run, overrides
+
+
+def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
+    run, overrides = preflight(app, pairs, federation)
     command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
     run_dir = runs_root(run.runs_dir) / run.run_name
     started = time.time()
     with owned_local_superlink(superlink):
         died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
-    return report(run, run_dir, started, failure_message(run_dir, died, run_config, superlink))
+    return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
 
 
-def run_local(app: Path, run_config: str, workers: int) -> int:
+def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
     """The engine in this process, clients' tasks on `workers` processes (1: in this one)."""
     # The launcher joins both sides, as `flwr run` does; server_app's modules never do.
     from client_app.local import local_transport, pooled_transport
     from server_app.app import setup_logging
     from server_app.experiment import run_experiment
 
-    _, overrides = resolve(app, parse_pairs(run_config))
+    _, overrides = preflight(app, pairs)
     run, params = load_config({**app_defaults(app), **overrides})
     setup_logging()
     workers = min(workers, run.concurrency)
@@ -101,7 +122,7 @@ def run_local(app: Path, run_config: str, workers: int) -> int:
         print(f"fedstale: {err}", file=sys.stderr)
     except KeyboardInterrupt:
         print("fedstale: interrupted", file=sys.stderr)
-    failure = failure_message(run_dir, False, run_config, "", local=True)
+    failure = failure_message(run_dir, False, pairs, "", local=True)
     return report(run, run_dir, started, failure)
 
 
@@ -133,7 +154,7 @@ def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:
 
 
 def failure_message(
-    run_dir: Path, died: bool, run_config: str, superlink: str, local: bool = False
+    run_dir: Path, died: bool, pairs: dict[str, Any], superlink: str, local: bool = False
 ) -> str:
     """One line on what happened, and the command that resumes when a checkpoint exists."""
     if died:
@@ -146,7 +167,7 @@ def failure_message(
     saved = run_dir / CHECKPOINT_FILE
     if not saved.is_file():
         return head
-    pairs = {**parse_pairs(run_config), "run-name": run_dir.name, "resume-from": str(run_dir)}
+    pairs = {**pairs, "run-name": run_dir.name, "resume-from": str(run_dir)}
     resume = [tool("fedstale"), "run", *(["--superlink", superlink] if superlink else [])]
     resume += ["--local"] if local else []
     resume += ["--run-config", to_flower(pairs)]
@@ -173,7 +194,11 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     parser = argparse.ArgumentParser(prog="fedstale", description=__doc__.split("\n\n")[0])
     parser.add_argument("command", choices=["check", "run", "deploy", "compare"])
-    parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        help="key=value pairs over the defaults (repeatable: later ones win)",
+    )
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
     parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
     parser.add_argument(
@@ -181,6 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--local", action="store_true", help="run without Flower, clients on local cores"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="reuse a run-name whose folder holds a run (that run is moved aside, not deleted)",
     )
     parser.add_argument(
         "--workers",
@@ -197,14 +227,17 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers must be at least 1")
     app = args.app.resolve()
     try:
+        pairs = merged_pairs(args.run_config)
+        if args.overwrite:
+            pairs["overwrite"] = True
         if args.command == "check":
-            run, _ = resolve(app, parse_pairs(args.run_config))
+            run, _ = preflight(app, pairs, args.federation_config)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
         if args.local:
             workers = args.workers or len(os.sched_getaffinity(0))
-            return run_local(app, args.run_config, workers)
-        return run_simulation(app, args.run_config, args.federation_config, args.superlink)
+            return run_local(app, pairs, workers)
+        return run_simulation(app, pairs, args.federation_config, args.superlink)
     except ConfigError as err:
         print(f"fedstale: {err}", file=sys.stderr)
         return 2

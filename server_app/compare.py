@@ -39,6 +39,8 @@ NOT_A_SETTING = {
     "checkpoint-every",
     "device",
     "client-threads",
+    "overwrite",
+    "provenance",
 }
 
 
@@ -297,6 +299,8 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.last < 1:
         parser.error("--last must be at least 1")
+    if args.target is not None and not 0.0 <= args.target <= 1.0:
+        parser.error(f"--target {args.target:g} is not an accuracy; give one in [0, 1]")
     root = runs_root(args.runs_dir)
     try:
         folders = find_runs(args.runs, root)

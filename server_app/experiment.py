@@ -7,7 +7,6 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +14,13 @@ import torch
 
 from common.calibration import encode, real_batch
 from common.config import ConfigError, KebabModel, RunConfig
-from common.federation import client_holdout, federation_of, test_data
+from common.federation import (
+    client_holdout,
+    effective_test_split,
+    federation_of,
+    require_dataset,
+    test_data,
+)
 from common.latency import profile_for
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.sensitivity import loss_gradient, sketch_for_task
@@ -25,7 +30,17 @@ from server_app.engine import Engine
 from server_app.evaluation import ClientScorer, Evaluator
 from server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
 from server_app.progress import progress_for
-from server_app.results import RunRecorder, aulc, run_name, runs_root
+from server_app.provenance import provenance
+from server_app.results import (
+    RunRecorder,
+    aulc,
+    check_run_dir,
+    checkpointed_rows,
+    claim_run_dir,
+    resume_folder,
+    run_name,
+    writable_runs_dir,
+)
 from server_app.transport import Transport
 from strategies.base import Strategy
 from strategies.registry import build_strategy
@@ -181,16 +196,61 @@ def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
     return save
 
 
+def settings_of(run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
+    """The run config and the strategy's keys, as config.json records them."""
+    return {**run.model_dump(by_alias=True), **params.model_dump(by_alias=True), "run-name": name}
+
+
+def prepare(run: RunConfig, params: KebabModel, name: str) -> tuple[Any, dict[str, list[str]]]:
+    """Everything that can refuse the run, before its folder is touched: the runs directory,
+    the checkpoint to resume (and its rows), the folder's earlier run, the dataset."""
+    writable_runs_dir(run)
+    resumed, kept = None, {}
+    if run.resume_from:
+        resumed = checkpoint.load(run.resume_from)
+        source = resume_folder(run.resume_from)
+        checkpoint.check_resumable(resumed, source, settings_of(run, params, name))
+        kept = checkpointed_rows(source, resumed.metric_rows, resumed.update_rows)
+    check_run_dir(run, name)
+    require_dataset(run)
+    return resumed, kept
+
+
 def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> dict[str, Any]:
     started = time.monotonic()
     name = run_name(run)
-    resumed = checkpoint.load(run.resume_from) if run.resume_from else None
-    rows = None
-    if resumed is not None:
-        rows = (Path(resumed.run_dir), resumed.metric_rows, resumed.update_rows)
-    recorder = RunRecorder(runs_root(run.runs_dir) / name, resume=rows)
+    resumed, kept = prepare(run, params, name)
+    if not log.level:
+        log.setLevel(logging.INFO)
+    recorder = RunRecorder(claim_run_dir(run, name), kept)
+    try:
+        return record_run(run, params, transport, recorder, resumed, started)
+    except ConfigError:
+        if resumed is None:  # refused before it ran: leave no half-written folder
+            recorder.discard()
+        raise
+    finally:
+        recorder.close()
+
+
+def record_run(
+    run: RunConfig,
+    params: KebabModel,
+    transport: Transport,
+    recorder: RunRecorder,
+    resumed: checkpoint.Checkpoint | None,
+    started: float,
+) -> dict[str, Any]:
+    name = recorder.dir.name
+    split = effective_test_split(run)
+    if split != run.test_split:
+        log.warning("%s has no standard test split: testing on a 10%% holdout", run.dataset)
     recorder.write_config(
-        {**run.model_dump(by_alias=True), **params.model_dump(by_alias=True), "run-name": name}
+        {
+            **settings_of(run, params, name),
+            "test-split-effective": split,
+            "provenance": provenance(),
+        }
     )
     evaluator, initial, layout = make_evaluator(run)
     strategy = build_strategy(run, params, initial)
@@ -224,7 +284,6 @@ def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> 
             engine.run_loop()
     finally:
         progress.close()
-        recorder.close()
     summary = summarize(engine, time.monotonic() - started)
     recorder.write_summary(summary)
     recorder.save_model(layout.unflatten(strategy.model))

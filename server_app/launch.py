@@ -20,9 +20,15 @@ PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
 
 def parse_pairs(text: str) -> dict[str, Any]:
-    """`k=v k2=v2` -> dict, values read as TOML, bare words taken as strings."""
+    """`k=v k2=v2` -> dict, values read as TOML, bare words taken as strings; a key given
+    twice is refused (which one was meant?)."""
     values: dict[str, Any] = {}
     for key, raw in PAIR.findall(text or ""):
+        if key in values:
+            raise ConfigError(
+                f"'{key}' is given twice in '{text.strip()}'; give each key once "
+                "(a later --run-config overrides an earlier one)"
+            )
         try:
             values[key] = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
@@ -30,6 +36,35 @@ def parse_pairs(text: str) -> dict[str, Any]:
     leftover = PAIR.sub("", text or "").strip()
     if leftover:
         raise ConfigError(f"cannot read '{leftover}' in the config; write key=value pairs")
+    return values
+
+
+def merged_pairs(texts: list[str] | None) -> dict[str, Any]:
+    """Several `k=v` strings (repeated --run-config), later ones overriding earlier ones."""
+    merged: dict[str, Any] = {}
+    for text in texts or []:
+        merged.update(parse_pairs(text))
+    return merged
+
+
+def federation_options(text: str) -> dict[str, Any]:
+    """`--federation-config` pairs, each a key and value Flower's simulation takes, or one
+    ConfigError line."""
+    from flwr.proto.federation_config_pb2 import SimulationConfig
+    from flwr.supercore.utils import simulation_config_from_json
+
+    values = parse_pairs(text)
+    known = sorted(f.name.replace("_", "-") for f in SimulationConfig.DESCRIPTOR.fields)
+    for key in values:
+        if key not in known:
+            raise ConfigError(
+                f"--federation-config: Flower's simulation has no key '{key}'; "
+                f"its keys are {', '.join(known)}"
+            )
+    try:
+        simulation_config_from_json({k.replace("-", "_"): v for k, v in values.items()})
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"--federation-config '{text.strip()}': {err}") from None
     return values
 
 

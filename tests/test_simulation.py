@@ -216,7 +216,7 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
     env = local_connection_env(tmp_path)
     before = flower_processes()
     command = [tool("fedstale"), "run", "--app", str(ROOT), "--run-config"]
-    config = f"{TINY} max-virtual-time=500 runs-dir={tmp_path}"
+    config = f"{TINY.replace('max-virtual-time=3000', 'max-virtual-time=500')} runs-dir={tmp_path}"
     result = subprocess.run(
         [*command, f"{config} run-name=own"], env=env, capture_output=True, text=True, timeout=300
     )
