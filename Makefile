@@ -8,7 +8,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 # Flower's processes start each other from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup data tools demo test lint bench clean
+.PHONY: setup data tools demo test test-kernels lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -49,6 +49,16 @@ demo: setup data
 
 test: setup data tools
 	$(BIN)/python -m pytest -q
+
+# The suite under kernel settings that change the numerics on an x86 box (README, Golden
+# runs on any CPU): each must pass as the default does.
+KERNEL_SETTINGS = "ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1" \
+	"ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2" "OPENBLAS_CORETYPE=Haswell"
+
+test-kernels: setup data tools
+	@for setting in $(KERNEL_SETTINGS); do \
+		echo "== $$setting"; env $$setting $(BIN)/python -m pytest -q || exit 1; \
+	done
 
 lint: setup
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -129,24 +129,29 @@ def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
 def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
     """The closing line (the result, or `failure`: what failed and how to resume) and the
     exit code."""
-    summary = run_dir / "summary.json"
-    if not summary.is_file() or summary.stat().st_mtime < started:
+    if not finished(run_dir, started):
         print(failure, file=sys.stderr)
         return 1
-    result = json.loads(summary.read_text())
+    result = json.loads((run_dir / "summary.json").read_text())
     print(
         f"fedstale: {run.run_name}: final accuracy {result['final_accuracy']:.4f}, "
-        f"best {result['best_accuracy']:.4f}, results in {summary.parent}",
+        f"best {result['best_accuracy']:.4f}, results in {run_dir}",
         file=sys.stderr,
     )
     return 0
+
+
+def finished(run_dir: Path, started: float) -> bool:
+    """This run wrote its summary (a resumed run's folder may hold an older one)."""
+    summary = run_dir / "summary.json"
+    return summary.is_file() and summary.stat().st_mtime >= started
 
 
 def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:
     """Wait for `flwr run` to end; True when the ServerApp died under it."""
     while flower.poll() is None:
         time.sleep(1.0)
-        if server_died(run_dir, started) and not (run_dir / "summary.json").is_file():
+        if server_died(run_dir, started) and not finished(run_dir, started):
             flower.terminate()  # only the streaming client; Flower notices the dead run later
             flower.wait(30)
             return True

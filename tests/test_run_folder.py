@@ -162,3 +162,19 @@ def test_config_json_says_where_the_run_came_from(tmp_path: Path) -> None:
     log = (tmp_path / "p" / "run.log").read_text()
     assert "digits has no standard test split" in log and "done: final accuracy" in log
     assert set(RUN_FILES) <= {p.name for p in (tmp_path / "p").iterdir()}
+
+
+def test_a_dataset_that_cannot_be_found_or_fetched_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from common import data, federation
+    from common.config import parse_run_config
+
+    def unavailable(name: str, data_dir: str = "") -> None:
+        raise data.DatasetUnavailable(
+            f"{name} not found and no mirror answered; {data.HOW_TO_GET[name]}"
+        )
+
+    monkeypatch.setattr(federation, "load_dataset", unavailable)
+    with pytest.raises(ConfigError, match=r"^dataset 'mnist': mnist not found .* data-dir$"):
+        federation.require_dataset(parse_run_config({"dataset": "mnist"}))
