@@ -52,14 +52,16 @@ def resume_folder(resume_from: str) -> Path:
     return path if path.is_dir() or not path.suffix else path.parent
 
 
+def resumes_in_place(run: RunConfig, folder: Path) -> bool:
+    return bool(run.resume_from) and resume_folder(run.resume_from) == folder
+
+
 def check_run_dir(run: RunConfig, name: str) -> Path:
     """The folder this run's results go to, or one ConfigError line when it holds an
     earlier run that this run would mix with."""
     folder = runs_root(run.runs_dir) / name
-    if not holds_a_run(folder) or run.overwrite:
+    if run.overwrite or not holds_a_run(folder) or resumes_in_place(run, folder):
         return folder
-    if run.resume_from and resume_folder(run.resume_from) == folder:
-        return folder  # resuming continues the same folder
     raise ConfigError(
         f"run-name '{name}': {folder} already holds a run; choose another run-name, "
         f"resume it with resume-from={folder}, or pass --overwrite (overwrite=true) to move "
@@ -70,13 +72,12 @@ def check_run_dir(run: RunConfig, name: str) -> Path:
 def claim_run_dir(run: RunConfig, name: str) -> Path:
     """`check_run_dir`, then with `overwrite` the earlier run moved aside (never deleted)."""
     folder = check_run_dir(run, name)
-    resuming_here = bool(run.resume_from) and resume_folder(run.resume_from) == folder
-    if run.overwrite and holds_a_run(folder) and not resuming_here:
-        aside = folder.with_name(f"{name}.previous-{time.strftime('%Y%m%d-%H%M%S')}")
-        suffix = 1
+    if run.overwrite and holds_a_run(folder) and not resumes_in_place(run, folder):
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        aside, count = folder.with_name(f"{name}.previous-{stamp}"), 1
         while aside.exists():
-            suffix += 1
-            aside = aside.with_name(f"{name}.previous-{time.strftime('%Y%m%d-%H%M%S')}-{suffix}")
+            count += 1
+            aside = folder.with_name(f"{name}.previous-{stamp}-{count}")
         folder.rename(aside)
         log.warning("overwrite: the earlier run in %s was moved to %s", folder, aside)
     return folder
