@@ -186,9 +186,22 @@ def stop_on_sigterm() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `fedstale` command. SIGTERM unwinds it (`stop_on_sigterm`) while it runs; the
+    caller's own handler is back when it returns, so an in-process caller (a test run, a
+    notebook) keeps its behaviour: a SIGTERM meant for pytest ended whichever test was
+    running as 'SystemExit 143' and the session went on, once this handler had leaked."""
     argv = sys.argv[1:] if argv is None else argv
-    if threading.current_thread() is threading.main_thread():
-        stop_on_sigterm()
+    if threading.current_thread() is not threading.main_thread():
+        return command(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()
+    try:
+        return command(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def command(argv: list[str]) -> int:
     if argv[:1] == ["compare"]:
         return compare.main(argv[1:])
     if argv[:1] == ["deploy"]:

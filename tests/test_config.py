@@ -133,3 +133,14 @@ def test_flower_simulation_gets_one_cpu_per_client_unless_told_otherwise() -> No
     assert default[-1] == "num-supernodes=50 client-resources-num-cpus=1"
     mine = flower_command(ROOT, overrides, "client-resources-num-cpus=2", run, "")
     assert mine[-1] == "client-resources-num-cpus=2 num-supernodes=50"
+
+
+def test_the_cli_leaves_the_callers_sigterm_handler_in_place() -> None:
+    """Called in-process (as here), `main` unwinds on SIGTERM only while it runs: with its
+    handler left behind, a SIGTERM sent to pytest ended the running test as SystemExit 143
+    and the session went on."""
+    import signal
+
+    before = signal.getsignal(signal.SIGTERM)
+    assert main(["check", "--app", str(ROOT), "--run-config", "lr=-1"]) == 2
+    assert signal.getsignal(signal.SIGTERM) is before
