@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from common.config import ConfigError, RunConfig
-from common.data import DatasetUnavailable, load_dataset, normalize
+from common.data import Dataset, DatasetUnavailable, load_dataset, normalize
 from common.files import write_atomically
 from common.partition import partition, split_validation
 
@@ -83,20 +83,24 @@ def require_dataset(cfg: RunConfig) -> None:
 
 
 def effective_test_split(cfg: RunConfig) -> str:
-    """The test split a run really uses: `standard` falls back to a 10% holdout for a
-    dataset without a standard test split (digits)."""
-    if cfg.test_split == "standard" and load_dataset(cfg.dataset, cfg.data_dir).x_test is None:
-        return "holdout"
-    return cfg.test_split
+    """The test split a run really uses."""
+    return _split_of(cfg.test_split, load_dataset(cfg.dataset, cfg.data_dir))
+
+
+def _split_of(test_split: str, data: Dataset) -> str:
+    """`standard` falls back to a 10% holdout for a dataset without a standard test split
+    (digits)."""
+    return "holdout" if test_split == "standard" and data.x_test is None else test_split
 
 
 def _pool_and_test(key: FederationKey) -> tuple[np.ndarray, ...]:
     data = load_dataset(key.dataset, key.data_dir)
-    if key.test_split == "standard" and data.x_test is not None:
+    split = _split_of(key.test_split, data)
+    if split == "standard":
         return data.x_train, data.y_train, data.x_test, data.y_test
     x_all = data.x_train if data.x_test is None else np.concatenate([data.x_train, data.x_test])
     y_all = data.y_train if data.y_test is None else np.concatenate([data.y_train, data.y_test])
-    if key.test_split == "local":
+    if split == "local":
         # Every sample is some client's; the test set is the union of their local splits.
         return x_all, y_all, x_all[:0], y_all[:0]
     # A hold-out of 10% of all data (the paper's wording; digits has no standard split).

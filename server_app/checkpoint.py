@@ -118,9 +118,7 @@ def check_resumable(checkpoint: Checkpoint, folder: Path, settings: dict[str, An
     if not config.is_file():
         raise ConfigError(f"resume-from: {folder} has no config.json; name the run's own folder")
     saved = json.loads(config.read_text(encoding="utf-8"))
-    for key in sorted(set(settings) | set(saved)):
-        if key in MAY_CHANGE_ON_RESUME or key == "provenance" or key.endswith("-effective"):
-            continue
+    for key in sorted(set(settings) - MAY_CHANGE_ON_RESUME):
         if saved.get(key) != settings.get(key):
             raise ConfigError(
                 f"resume-from: the checkpoint's run had {key}={saved.get(key)!r}, this one "

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common.config import ConfigError, RunConfig
+from common.config import ConfigError, KebabModel, RunConfig
 from server_app import compare, deploy
 from server_app.checkpoint import CHECKPOINT_FILE
 from server_app.engine import EngineError
@@ -74,21 +74,24 @@ def flower_command(
     ]
 
 
-def preflight(app: Path, pairs: dict[str, Any], federation: str = "") -> tuple[RunConfig, dict]:
+def preflight(
+    app: Path, pairs: dict[str, Any], federation: str = ""
+) -> tuple[RunConfig, KebabModel, dict[str, Any]]:
     """Every check that can be made before a run starts (config, federation options, runs
     directory, the checkpoint to resume, an earlier run in the folder, the dataset): the
-    validated config and the overrides for Flower, or one ConfigError line."""
+    validated config, the strategy's keys and the overrides for Flower, or one ConfigError
+    line."""
     from server_app.experiment import prepare
 
     run, overrides = resolve(app, pairs)
     federation_options(federation)
     _, params = load_config({**app_defaults(app), **overrides})
     prepare(run, params, run.run_name)
-    return run, overrides
+    return run, params, overrides
 
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
-    run, overrides = preflight(app, pairs, federation)
+    run, _, overrides = preflight(app, pairs, federation)
     command = flower_command(app, overrides, federation, run, superlink)
     print("fedstale: " + shlex.join(command), file=sys.stderr)
     run_dir = runs_root(run.runs_dir) / run.run_name
@@ -105,8 +108,7 @@ def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
     from server_app.app import setup_logging
     from server_app.experiment import run_experiment
 
-    _, overrides = preflight(app, pairs)
-    run, params = load_config({**app_defaults(app), **overrides})
+    run, params, _ = preflight(app, pairs)
     setup_logging()
     workers = min(workers, run.concurrency)
     run_dir = runs_root(run.runs_dir) / run.run_name
@@ -249,7 +251,7 @@ def command(argv: list[str]) -> int:
         if args.overwrite:
             pairs["overwrite"] = True
         if args.command == "check":
-            run, _ = preflight(app, pairs, args.federation_config)
+            run, _, _ = preflight(app, pairs, args.federation_config)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
         if args.local:

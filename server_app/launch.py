@@ -7,13 +7,12 @@ import os
 import re
 import shutil
 import sys
-import time
 import tomllib
 from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, RunConfig
-from server_app.results import runs_root
+from server_app.results import run_name, runs_root
 from strategies.registry import load_config
 
 PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
@@ -94,9 +93,7 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
     run, _ = load_config(fused)
     extra = dict(overrides)
     if not run.run_name:
-        extra["run-name"] = (
-            f"{run.strategy}-{run.dataset}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        )
+        extra["run-name"] = run_name(run)
     if not run.runs_dir:
         extra["runs-dir"] = str(runs_root(str(app / "runs")))
     run, _ = load_config({**fused, **extra})
