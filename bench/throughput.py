@@ -3,7 +3,7 @@ and every core), each as a ratio against a bare PyTorch loop measured in the sam
 
     python -m bench.throughput [--models linear,lenet] [--workers N] [--run-config "k=v"]
 
-Reference: `client_app.training.local_train` (the function every client calls) on one thread
+Reference: `common.training.local_train` (the function every client calls) on one thread
 in this process, on the same clients' data, clients drawn uniformly at random, with the
 run's trainer; "per core" ratios divide by (reference x cores), the most that `cores`
 one-thread clients can do. The runs: the default experiment (FedBuff, Fashion-MNIST, 50
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from client_app.training import local_train
 from common.config import parse_run_config
 from common.federation import client_data, federation_of
 from common.models import build_model
+from common.training import local_train
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))

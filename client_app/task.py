@@ -12,14 +12,15 @@ import numpy as np
 import torch
 
 from client_app.faults import corrupt
-from client_app.rules import LocalTask, rules_for
-from client_app.training import Optimiser, local_train
 from common.config import RunConfig
 from common.federation import client_data, client_holdout, data_shape
 from common.models import ParamLayout, build_model, evaluate, get_flat, resolve_device, set_flat
 from common.records import ArraySets
 from common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
 from common.threads import on_client_threads
+from common.training import Optimiser, local_train
+from strategies.client import LocalTask, rules_named
+from strategies.registry import client_rules
 
 Arrays = dict[str, np.ndarray]
 
@@ -59,7 +60,7 @@ def train_task(
         inputs={name: layout.flatten(dict(a)) for name, a in (sets or {}).items()},
         state=dict(state or {}),
     )
-    rules = rules_for(cfg.strategy)
+    rules = rules_named(spec.rules, client_rules())
     for rule in rules:
         rule.before(task)
     spec = task.spec  # a rule may have set the task's optimiser settings

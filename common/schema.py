@@ -56,6 +56,7 @@ class TaskKeys:
     GRAD_CLIP = "grad-clip"
     LOCAL_STEPS = "local-steps"  # > 0: this many minibatch steps instead of epochs
     OPTIMIZER = "optimizer"
+    CLIENT_RULES = "client-rules"  # the strategy's client rules, comma-separated ("" none)
 
 
 class SignalKeys:
@@ -122,6 +123,7 @@ class TaskSpec:
     grad_clip: float = 0.0
     local_steps: int = 0
     optimizer: str = "sgd"
+    rules: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_config(self) -> dict[str, Any]:
@@ -139,6 +141,7 @@ class TaskSpec:
             TaskKeys.GRAD_CLIP: float(self.grad_clip),
             TaskKeys.LOCAL_STEPS: int(self.local_steps),
             TaskKeys.OPTIMIZER: self.optimizer,
+            TaskKeys.CLIENT_RULES: ",".join(self.rules),
             **self.extra,
         }
 
@@ -168,6 +171,7 @@ class TaskSpec:
             grad_clip=float(config[TaskKeys.GRAD_CLIP]),
             local_steps=int(config[TaskKeys.LOCAL_STEPS]),
             optimizer=optimizer,
+            rules=tuple(n for n in str(config[TaskKeys.CLIENT_RULES]).split(",") if n),
             extra={k: v for k, v in config.items() if k not in known},
         )
 

@@ -167,16 +167,15 @@ class Engine:
             candidates, capacity = self.dispatch_candidates()
             if not candidates:
                 return
-            assignments = self.strategy.plan(self.view(candidates, capacity), self.rng)
-            closed = self.strategy.take_closed()
-            if closed is not None:
-                self.apply(closed)
-            if not assignments:
-                if closed is None:
+            plan = self.strategy.plan(self.view(candidates, capacity), self.rng)
+            if plan.closed is not None:
+                self.apply(plan.closed)
+            if not plan.assignments:
+                if plan.closed is None:
                     return
                 continue
-            self.check_plan(assignments, candidates, capacity)
-            for assignment in assignments:
+            self.check_plan(plan.assignments, candidates, capacity)
+            for assignment in plan.assignments:
                 self.dispatch(assignment)
 
     def dispatch_candidates(self) -> tuple[list[int], int]:
@@ -222,6 +221,7 @@ class Engine:
             grad_clip=run.grad_clip,
             local_steps=run.local_steps,
             optimizer=run.optimizer,
+            rules=tuple(rule.name for rule in self.strategy.client_rules),
             extra=assignment.entries,
         )
         return replace(spec, **assignment.settings)

@@ -42,34 +42,34 @@ from server_app.results import (
     writable_runs_dir,
 )
 from server_app.transport import Transport
-from strategies.base import Strategy
+from strategies.base import Setup
 from strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
 DIAGNOSTIC_BATCH = 512  # held-out test samples behind each gradient of the Sec. 6.6 diagnostic
 
 
-def make_evaluator(run: RunConfig) -> tuple[Evaluator, np.ndarray, ParamLayout]:
-    """A function scoring a flat parameter vector on the test set, the initial
-    parameters, and their layout."""
+def server_model(run: RunConfig) -> torch.nn.Module:
+    """The one model object the server scores and sketches with, loaded per use."""
     fed = federation_of(run)
     model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
-    model = model.to(resolve_device(run.device))
+    return model.to(resolve_device(run.device))
+
+
+def make_evaluator(run: RunConfig, model: torch.nn.Module) -> Evaluator:
+    """A function scoring a flat parameter vector on the test set."""
     x_test, y_test = test_data(run)
 
     def score(flat: np.ndarray) -> tuple[float, float]:
         set_flat(model, flat)
         return evaluate(model, x_test, y_test, run.eval_batch_size)
 
-    return score, get_flat(model), ParamLayout.of(model)
+    return score
 
 
-def make_client_scorer(run: RunConfig) -> ClientScorer:
+def make_client_scorer(run: RunConfig, model: torch.nn.Module) -> ClientScorer:
     """Scores a client's model on that client's own held-out split, exactly as its
     ClientApp's evaluate handler would (client_app/task.py evaluate_task)."""
-    fed = federation_of(run)
-    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
-    model = model.to(resolve_device(run.device))
 
     def score(client: int, flat: np.ndarray) -> tuple[float, float]:
         set_flat(model, flat)
@@ -79,50 +79,32 @@ def make_client_scorer(run: RunConfig) -> ClientScorer:
     return score
 
 
-def bind_server_signals(run: RunConfig, strategy: Strategy) -> None:
-    """Give a FedPSA-style strategy the server's sketch of a global model, computed exactly
-    as the clients compute theirs (same batch, projection and settings), the real
-    calibration batch when it uses one, and the Sec. 6.6 diagnostic when asked."""
-    bind = getattr(strategy, "bind_sketcher", None)
-    if bind is None:
-        return
+def setup_for(run: RunConfig, model: torch.nn.Module, layout: ParamLayout) -> Setup:
+    """What a rule may take before the run (Strategy.bind); nothing is computed until a
+    rule asks for it."""
     fed = federation_of(run)
-    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
-    model = model.to(resolve_device(run.device))
-    params = strategy.params
-    batch = None
-    if getattr(strategy, "real_calibration", False):
+
+    def calibration(size: int) -> tuple[dict[str, Any], Any]:
         try:
-            batch = real_batch(*test_data(run), seed=run.seed, size=params.fedpsa_calib_size)
+            batch = real_batch(*test_data(run), seed=run.seed, size=size)
         except ValueError as err:
             raise ConfigError(f"fedpsa-calib-size: {err}; use a smaller batch") from None
-        strategy.bind_calibration(encode(batch))
-    settings = {k: v for k, v in strategy.task_extra(-1).items() if not isinstance(v, bytes)}
+        return encode(batch), batch
 
-    def sketch_of_global(flat: np.ndarray) -> np.ndarray:
-        set_flat(model, flat)
-        return sketch_for_task(model, settings, fed.input_shape, fed.num_classes, batch)
+    def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
+        def sketch_of(flat: np.ndarray) -> np.ndarray:
+            set_flat(model, flat)
+            return sketch_for_task(model, settings, fed.input_shape, fed.num_classes, batch)
 
-    bind(sketch_of_global)
-    if getattr(params, "fedpsa_diagnostic", False):
-        strategy.bind_aligner(gradient_aligner(run, model))
+        return sketch_of
 
-
-def bind_client_sizes(run: RunConfig, strategy: Strategy) -> None:
-    """Every client's training-split size, for a rule that weights by them before it has
-    heard from every client (PACE's p)."""
-    bind = getattr(strategy, "bind_client_sizes", None)
-    if bind is not None:
-        fed = federation_of(run)
-        bind(np.array([len(idx) for idx in fed.train_idx], dtype=np.float64))
-
-
-def bind_segments(strategy: Strategy, layout: ParamLayout) -> None:
-    """Where each parameter tensor lies in the flat vector, for a rule that works per
-    tensor (FedQS's angle)."""
-    bind = getattr(strategy, "bind_segments", None)
-    if bind is not None:
-        bind(layout.segments)
+    return Setup(
+        segments=tuple(layout.segments),
+        client_sizes=np.array([len(idx) for idx in fed.train_idx], dtype=np.float64),
+        calibration=calibration,
+        sketcher=sketcher,
+        aligner=lambda: gradient_aligner(run, model),
+    )
 
 
 def diagnostic_batch(run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -252,11 +234,10 @@ def record_run(
             "provenance": provenance(),
         }
     )
-    evaluator, initial, layout = make_evaluator(run)
-    strategy = build_strategy(run, params, initial)
-    bind_server_signals(run, strategy)
-    bind_client_sizes(run, strategy)
-    bind_segments(strategy, layout)
+    model = server_model(run)
+    layout = ParamLayout.of(model)
+    strategy = build_strategy(run, params, get_flat(model))
+    strategy.bind(setup_for(run, model, layout))
     latency = profile_for(run)
     factors = strategy.latency_factors()
     if factors is not None:
@@ -268,11 +249,11 @@ def record_run(
         transport,
         layout,
         latency,
-        evaluator,
+        make_evaluator(run, model),
         recorder,
         progress,
         checkpointer(recorder),
-        make_client_scorer(run),
+        make_client_scorer(run, model),
     )
     if resumed is not None:
         checkpoint.restore(engine, resumed)

@@ -4,10 +4,16 @@ A strategy is plain math over flat float32 parameter vectors. It knows nothing o
 nodes or Flower; at each decision the engine shows it a `View` (the global version, the idle
 clients, the tasks in flight and their staleness, how many tasks may start now).
 
-- Dispatch: `plan(view, rng)` returns the `Assignment`s to make now: the client, the model
-  or models it starts from (named flat vectors), its task entries and optimiser settings.
-  The default plan is uniform among idle clients, up to the capacity; a synchronous rule
-  plans per round (FedAvg), per edge, or every client at once.
+- Binding: before the run the engine calls `bind(setup)` once; a rule takes from the
+  `Setup` what it needs (the parameter layout, the clients' data sizes, a real calibration
+  batch, a sketcher of the global model, a gradient aligner). Nothing else is handed over.
+- Client half: `client_rules` are the rule's `ClientRule`s (strategies/client.py); every
+  task names them, and a client that lacks one refuses the task.
+- Dispatch: `plan(view, rng)` returns a `Plan`: the `Assignment`s to make now (the client,
+  the model or models it starts from, its task entries and optimiser settings) and what
+  changed while planning (a round that closed at once). The default plan is uniform among
+  idle clients, up to the capacity; a synchronous rule plans per round (FedAvg), per edge,
+  or every client at once.
 - Replies: `on_update(update, view)` consumes one validated update and returns an
   `Outcome`: whether the global model changed, one record per update whose weight became
   known, and optionally tasks in flight to supersede with the replacements to dispatch.
@@ -16,19 +22,24 @@ clients, the tasks in flight and their staleness, how many tasks may start now).
 - Replies may carry named array sets beyond the main one (`reply_sets`, or per task
   `expected_sets`), each checked against the model's layout.
 - A lost task is reported by `on_task_lost`, which may close a round (an `Outcome`).
-- Checkpoints: `state()` / `load_state()` name what the rule must keep across a restart.
+- Checkpoints: `kept` names the attributes the rule must keep across a restart (beside
+  the model); `state()` / `load_state()` save and restore them.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from common.config import KebabModel, RunConfig
 from common.schema import ARRAYS, RETURN_DELTA, SignalSpec
+
+if TYPE_CHECKING:
+    from strategies.client import ClientRule
 
 EVAL_GLOBAL = "global"
 EVAL_PER_CLIENT = "per-client"
@@ -102,6 +113,49 @@ class Outcome:
     dispatch: list[Assignment] = field(default_factory=list)
 
 
+@dataclass
+class Plan:
+    """What `plan` decides: the tasks to dispatch now, and what changed while planning (a
+    round with nobody to wait for closed at once), which the engine applies first."""
+
+    assignments: list[Assignment] = field(default_factory=list)
+    closed: Outcome | None = None
+
+    def __iter__(self) -> Iterator[Assignment]:
+        return iter(self.assignments)
+
+    def __len__(self) -> int:
+        return len(self.assignments)
+
+    def __getitem__(self, index: int) -> Assignment:
+        return self.assignments[index]
+
+
+Sketcher = Callable[[np.ndarray], np.ndarray]  # flat global model -> its sketch
+Aligner = Callable[[list[np.ndarray], np.ndarray], list[float]]  # clients, server -> cosines
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What the server offers a rule before the run (`Strategy.bind`). The callables do
+    their work only when a rule calls them.
+
+    segments: (start, stop) of each parameter tensor in the flat vector.
+    client_sizes: every client's training-split size.
+    calibration(n): a real batch of n held-out samples, as (task entries that carry it,
+        the batch itself for `sketcher`).
+    sketcher(settings, batch): the sketch of a flat model, computed exactly as a client
+        computes its own from the task entries `settings` (and the real `batch`, or None).
+    aligner(): cos(grad L(w_client), grad L(w_server)) on a held-out batch.
+    """
+
+    segments: tuple[tuple[int, int], ...]
+    client_sizes: np.ndarray
+    calibration: Callable[[int], tuple[dict[str, Any], Any]]
+    sketcher: Callable[[dict[str, Any], Any], Sketcher]
+    aligner: Callable[[], Aligner]
+
+
 def update_record(update: Update, weight: float, **signals: Any) -> dict[str, Any]:
     return {
         "client": update.client,
@@ -118,6 +172,8 @@ class Strategy(ABC):
     Params: ClassVar[type[KebabModel]] = NoParams
     evaluates: ClassVar[str] = EVAL_GLOBAL
     reply_sets: ClassVar[tuple[str, ...]] = ()  # named array sets beyond the main one
+    client_rules: ClassVar[tuple[ClientRule, ...]] = ()  # what each task asks of the client
+    kept: ClassVar[tuple[str, ...]] = ()  # attributes a checkpoint keeps beside the model
 
     def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
         self.run = run
@@ -136,10 +192,13 @@ class Strategy(ABC):
     def check(cls, run: RunConfig, params: KebabModel) -> None:
         """Raise ValueError on a combination of settings this rule cannot run with."""
 
+    def bind(self, setup: Setup) -> None:
+        """Take from `setup` what the rule needs before the run (once, and again on resume)."""
+
     # ------------------------------------------------------------ dispatch
-    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+    def plan(self, view: View, rng: np.random.Generator) -> Plan:
         """Uniformly random idle clients, up to the capacity (FLGo's asynchronous rule)."""
-        return [self.assign(c, view) for c in pick_uniform(view.idle, view.capacity, rng)]
+        return Plan([self.assign(c, view) for c in pick_uniform(view.idle, view.capacity, rng)])
 
     def assign(self, client: int, view: View) -> Assignment:
         return Assignment(
@@ -172,11 +231,6 @@ class Strategy(ABC):
     def signals(self) -> dict[str, SignalSpec]:
         """Metrics every train reply must carry for this rule, beyond the common ones."""
         return {}
-
-    def take_closed(self) -> Outcome | None:
-        """What changed while planning (a round with nobody to wait for closed at once),
-        handed over once; the engine applies it like a reply's Outcome."""
-        return None
 
     def expected_sets(self, sent: tuple[str, ...]) -> tuple[str, ...]:
         """The named sets a reply must carry, given those its task carried beyond the main
@@ -211,11 +265,13 @@ class Strategy(ABC):
 
     # ------------------------------------------------------------ checkpoints
     def state(self) -> dict[str, Any]:
-        """Everything the rule needs to go on after a restart (picklable)."""
-        return {"model": self.model}
+        """Everything the rule needs to go on after a restart (picklable): the model and
+        the attributes `kept` names. What `bind` gave is bound again on resume."""
+        return {"model": self.model, **{name: getattr(self, name) for name in self.kept}}
 
     def load_state(self, state: dict[str, Any]) -> None:
-        self.model = state["model"]
+        for name in ("model", *self.kept):
+            setattr(self, name, state[name])
 
 
 def pick_uniform(

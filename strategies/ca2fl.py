@@ -15,6 +15,7 @@ from pydantic import Field
 
 from common.config import KebabModel
 from strategies.base import Outcome, Strategy, Update, View, update_record
+from strategies.buffer import Buffer
 
 
 class CA2FLParams(KebabModel):
@@ -25,6 +26,7 @@ class CA2FL(Strategy):
     name = "ca2fl"
     Params = CA2FLParams
     params: CA2FLParams
+    kept = ("cache", "cache_mean", "accumulator", "arrived")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -32,13 +34,13 @@ class CA2FL(Strategy):
         self.cache = np.zeros((self.run.num_clients, size), dtype=np.float32)
         self.cache_mean = np.zeros(size, dtype=np.float64)
         self.accumulator = np.zeros(size, dtype=np.float64)
-        self.arrived: list[Update] = []
+        self.arrived: Buffer[Update] = Buffer(self.run.buffer_size)
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.accumulator += update.vector.astype(np.float64) - self.cache[update.client]
         self.cache[update.client] = update.vector
-        self.arrived.append(update)
-        if len(self.arrived) < self.run.buffer_size:
+        batch = self.arrived.add(update)
+        if batch is None:
             return Outcome()
         eta = self.params.ca2fl_server_lr * self.step_scale(view.version)
         step = self.cache_mean + self.accumulator / self.run.buffer_size
@@ -46,20 +48,4 @@ class CA2FL(Strategy):
         self.cache_mean = self.cache.astype(np.float64).mean(axis=0)
         self.accumulator[:] = 0.0
         weight = eta / self.run.buffer_size
-        records = [update_record(u, weight) for u in self.arrived]
-        self.arrived = []
-        return Outcome(changed=True, records=records)
-
-    def state(self) -> dict[str, Any]:
-        return {
-            **super().state(),
-            "cache": self.cache,
-            "cache_mean": self.cache_mean,
-            "accumulator": self.accumulator,
-            "arrived": self.arrived,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.cache, self.cache_mean = state["cache"], state["cache_mean"]
-        self.accumulator, self.arrived = state["accumulator"], state["arrived"]
+        return Outcome(changed=True, records=[update_record(u, weight) for u in batch])

@@ -14,8 +14,8 @@ import numpy as np
 
 from common.schema import RETURN_MODEL
 from strategies.base import (
-    Assignment,
     Outcome,
+    Plan,
     Strategy,
     Update,
     View,
@@ -27,6 +27,7 @@ from strategies.base import (
 class FedAvg(Strategy):
     name = "fedavg"
     returns = RETURN_MODEL
+    kept = ("dispatched", "received")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -34,9 +35,9 @@ class FedAvg(Strategy):
         self.dispatched = 0
         self.received: list[Update] = []
 
-    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+    def plan(self, view: View, rng: np.random.Generator) -> Plan:
         open_slots = min(view.capacity, self.round_size - self.dispatched)
-        return [self.assign(c, view) for c in pick_uniform(view.idle, open_slots, rng)]
+        return Plan([self.assign(c, view) for c in pick_uniform(view.idle, open_slots, rng)])
 
     def on_dispatch(self, client: int) -> None:
         self.dispatched += 1
@@ -56,10 +57,3 @@ class FedAvg(Strategy):
         records = [update_record(u, w) for u, w in zip(self.received, weights, strict=True)]
         self.received, self.dispatched = [], 0
         return Outcome(changed=True, records=records)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "dispatched": self.dispatched, "received": self.received}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.dispatched, self.received = state["dispatched"], state["received"]

@@ -13,6 +13,7 @@ from pydantic import Field
 
 from common.config import KebabModel
 from strategies.base import Outcome, Strategy, Update, View, update_record
+from strategies.buffer import Buffer
 from strategies.staleness import Staleness
 
 DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
@@ -26,10 +27,11 @@ class FedBuff(Strategy):
     name = "fedbuff"
     Params = FedBuffParams
     params: FedBuffParams
+    kept = ("buffer",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.buffer: list[Update] = []
+        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
 
     def weight(self, staleness: int, version: int) -> float:
         size = self.run.buffer_size
@@ -37,19 +39,11 @@ class FedBuff(Strategy):
         return eta / size * DISCOUNT(staleness)
 
     def on_update(self, update: Update, view: View) -> Outcome:
-        self.buffer.append(update)
-        if len(self.buffer) < self.run.buffer_size:
+        batch = self.buffer.add(update)
+        if batch is None:
             return Outcome()
-        weights = np.array([self.weight(u.staleness, view.version) for u in self.buffer])
-        step = weights @ np.stack([u.vector for u in self.buffer]).astype(np.float64)
+        weights = np.array([self.weight(u.staleness, view.version) for u in batch])
+        step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
         self.model = (self.model + step).astype(np.float32)
-        records = [update_record(u, w) for u, w in zip(self.buffer, weights, strict=True)]
-        self.buffer = []
+        records = [update_record(u, w) for u, w in zip(batch, weights, strict=True)]
         return Outcome(changed=True, records=records)
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "buffer": self.buffer}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.buffer = state["buffer"]

@@ -18,6 +18,7 @@ from strategies.base import Outcome, Strategy, Update, View, update_record
 class FedFa(Strategy):
     name = "fedfa"
     returns = RETURN_MODEL
+    kept = ("window",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -27,10 +28,3 @@ class FedFa(Strategy):
         self.window.append(update.vector.astype(np.float32))
         self.model = np.mean(np.stack(self.window).astype(np.float64), axis=0).astype(np.float32)
         return Outcome(changed=True, records=[update_record(update, 1.0 / len(self.window))])
-
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "window": list(self.window)}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.window = deque(state["window"], maxlen=self.run.buffer_size)

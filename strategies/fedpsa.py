@@ -19,19 +19,20 @@ align = cos(grad L(w_client; D_test), grad L(w_server; D_test)), w_client = w_ba
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
 
 from common.config import KebabModel, RunConfig
+from common.federation import data_shape
 from common.schema import InvalidReply, SignalKeys, SignalSpec
-from strategies.base import Outcome, Strategy, Update, View, update_record
+from common.sensitivity import sketch_for_task
+from strategies.base import Aligner, Outcome, Setup, Sketcher, Strategy, Update, View, update_record
+from strategies.buffer import Buffer
+from strategies.client import ClientRule, LocalTask
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
-Sketcher = Callable[[np.ndarray], np.ndarray]  # flat global model -> its k-float sketch
-Aligner = Callable[[list[np.ndarray], np.ndarray], list[float]]  # clients, server -> eq. 22
 HISTORY = 256  # global versions kept for the diagnostic (an older base is not scored)
 
 
@@ -63,14 +64,34 @@ def softmax(values: np.ndarray, temperature: float) -> np.ndarray:
     return exp / exp.sum()
 
 
+# ---------------------------------------------------------------- the client half
+
+
+class SensitivitySketch(ClientRule):
+    """FedPSA (eq. 8, 11): the k-float sketch of the trained model's parameter sensitivity
+    on the shared calibration batch, and ||delta||^2 for the thermometer (eq. 16)."""
+
+    name = "fedpsa-sketch"
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        sketch = sketch_for_task(task.model, task.spec.extra, *data_shape(task.cfg))
+        task.signals[SignalKeys.SKETCH] = [float(v) for v in sketch]
+        task.signals[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
+
+
+# ---------------------------------------------------------------- the server half
+
+
 class FedPSA(Strategy):
     name = "fedpsa"
     Params = FedPSAParams
     params: FedPSAParams
+    client_rules = (SensitivitySketch(),)
+    kept = ("buffer", "queue", "m0", "calib_holders", "history")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.buffer: list[Update] = []
+        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
         self.queue: deque[float] = deque(maxlen=self.params.fedpsa_queue)
         self.m0: float | None = None
         self.sketch_global: Sketcher | None = None
@@ -97,6 +118,18 @@ class FedPSA(Strategy):
     @property
     def real_calibration(self) -> bool:
         return self.params.fedpsa_calib_source == "real"
+
+    def bind(self, setup: Setup) -> None:
+        """The server's sketch of a global model on the clients' own batch and projection,
+        the real calibration batch when the rule uses one, the Sec. 6.6 aligner if asked."""
+        batch = None
+        if self.real_calibration:
+            entries, batch = setup.calibration(self.params.fedpsa_calib_size)
+            self.bind_calibration(entries)
+        settings = {k: v for k, v in self.task_extra(-1).items() if not isinstance(v, bytes)}
+        self.bind_sketcher(setup.sketcher(settings, batch))
+        if self.params.fedpsa_diagnostic:
+            self.bind_aligner(setup.aligner())
 
     def bind_sketcher(self, sketcher: Sketcher) -> None:
         """The server's sketch of a global model, on the clients' batch and projection."""
@@ -170,56 +203,36 @@ class FedPSA(Strategy):
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.observe(update)
-        self.buffer.append(update)
-        if len(self.buffer) < self.run.buffer_size:
+        batch = self.buffer.add(update)
+        if batch is None:
             return Outcome()
         if self.sketch_global is None:
             raise RuntimeError("FedPSA needs bind_sketcher() before it can aggregate")
         global_sketch = self.sketch_global(self.model)
-        kappas = np.array(
-            [cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in self.buffer]
-        )
+        kappas = np.array([cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in batch])
         weights, temp = self.weights(kappas)
         weights = weights * self.step_scale(view.version)
-        step = weights @ np.stack([u.vector for u in self.buffer]).astype(np.float64)
-        alignments = self.alignments()
+        step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
+        alignments = self.alignments(batch)
         self.model = (self.model + step).astype(np.float32)
         records = [
             update_record(u, w, kappa=float(k), temp=temp, **a)
-            for u, w, k, a in zip(self.buffer, weights, kappas, alignments, strict=True)
+            for u, w, k, a in zip(batch, weights, kappas, alignments, strict=True)
         ]
-        self.buffer = []
         if self.params.fedpsa_diagnostic:
             self.history[view.version + 1] = self.model.copy()
             self.history.pop(view.version + 1 - HISTORY, None)
         return Outcome(changed=True, records=records)
 
-    def alignments(self) -> list[dict[str, float]]:
+    def alignments(self, batch: list[Update]) -> list[dict[str, float]]:
         """Eq. 22 for each buffered update against the global model before this step."""
         if not self.params.fedpsa_diagnostic:
-            return [{} for _ in self.buffer]
+            return [{} for _ in batch]
         if self.align is None:
             raise RuntimeError("fedpsa-diagnostic needs bind_aligner() before it can aggregate")
-        scored = [u for u in self.buffer if u.base_version in self.history]
+        scored = [u for u in batch if u.base_version in self.history]
         clients = [self.history[u.base_version] + u.vector for u in scored]
         values = dict(
             zip((u.task_id for u in scored), self.align(clients, self.model), strict=True)
         )
-        return [{"align": values[u.task_id]} if u.task_id in values else {} for u in self.buffer]
-
-    def state(self) -> dict[str, Any]:
-        """The bound sketcher, aligner and real batch are rebound by the server on resume."""
-        return {
-            **super().state(),
-            "buffer": self.buffer,
-            "queue": list(self.queue),
-            "m0": self.m0,
-            "calib_holders": set(self.calib_holders),
-            "history": self.history,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.buffer, self.m0, self.history = state["buffer"], state["m0"], state["history"]
-        self.queue = deque(state["queue"], maxlen=self.params.fedpsa_queue)
-        self.calib_holders = set(state["calib_holders"])
+        return [{"align": values[u.task_id]} if u.task_id in values else {} for u in batch]

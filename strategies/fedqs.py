@@ -11,15 +11,19 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 
 from common.config import KebabModel, RunConfig
+from common.federation import client_data
 from common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
-from strategies.base import Assignment, Outcome, Strategy, Update, View, update_record
+from strategies.base import Assignment, Outcome, Setup, Strategy, Update, View, update_record
+from strategies.buffer import Buffer
+from strategies.client import ClientRule, LocalTask
 
 FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
 TYPES = (FBC, SBC, FUC, SUC)
@@ -148,18 +152,19 @@ class KFifo(Strategy):
     """Semi-asynchronous: every arrival enters a FIFO; whenever it holds K (`buffer-size`)
     the first K are aggregated. Subclasses say how (`combine`) and may adapt each task."""
 
+    kept: tuple[str, ...] = ("fifo",)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fifo: list[Queued] = []
+        self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
 
     def queued(self, update: Update) -> Queued:
         return Queued("", None, False, self.run.lr, self.run.momentum, update)
 
     def on_update(self, update: Update, view: View) -> Outcome:
-        self.fifo.append(self.queued(update))
-        if len(self.fifo) < self.run.buffer_size:
+        batch = self.fifo.add(self.queued(update))
+        if batch is None:
             return Outcome()
-        batch, self.fifo = self.fifo[: self.run.buffer_size], self.fifo[self.run.buffer_size :]
         weights = self.combine(batch)
         records = [
             update_record(
@@ -186,13 +191,6 @@ class KFifo(Strategy):
         else:
             self.model = (self.model + weights @ stacked).astype(np.float32)
 
-    def state(self) -> dict[str, Any]:
-        return {**super().state(), "fifo": self.fifo}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.fifo = state["fifo"]
-
 
 class SaflFedSGD(KFifo):
     """SAFL FedSGD: w += (1/K) sum delta_i over the first K of the FIFO."""
@@ -212,6 +210,53 @@ class SaflFedAvg(SaflFedSGD):
     returns = RETURN_MODEL
 
 
+# ---------------------------------------------------------------- the client half
+
+
+class ClassSpread(ClientRule):
+    """FedQS: a slow, misaligned client (SBC) measures the received model's per-class
+    accuracy spread on its own training data before it trains; a wide spread turns its
+    momentum off and raises the feedback flag. Every FedQS reply carries the task's flag,
+    the momentum it trained with and the spread (-1 where it was not asked for)."""
+
+    name = "fedqs-class-spread"
+
+    SAMPLES_PER_CLASS = 20
+    FEW = 10  # a class with fewer samples counts half
+
+    def before(self, task: LocalTask) -> None:
+        kind = str(task.spec.extra.get(RuleKeys.FEDQS_TYPE, ""))
+        task.signals[RuleKeys.FEDQS_FLAG] = 1.0 if kind == "FBC" else 0.0
+        task.signals[RuleKeys.FEDQS_SPREAD] = -1.0
+        if kind == "SBC":
+            spread = self.spread(task)
+            wide = spread >= float(task.spec.extra[RuleKeys.FEDQS_SPREAD_LIMIT])
+            momentum = 0.0 if wide else float(task.spec.extra[RuleKeys.FEDQS_M0])
+            task.spec = replace(task.spec, momentum=momentum)
+            task.signals[RuleKeys.FEDQS_FLAG] = float(wide)
+            task.signals[RuleKeys.FEDQS_SPREAD] = spread
+        task.signals[RuleKeys.FEDQS_MOMENTUM] = float(task.spec.momentum)
+
+    def spread(self, task: LocalTask) -> float:
+        """max - min, in points, of the per-class accuracy on up to 20 samples of each class
+        the client holds (halved for a class with fewer than 10)."""
+        x, y = client_data(task.cfg, task.partition, "train")
+        device = next(task.model.parameters()).device
+        accuracies = []
+        task.model.eval()
+        with torch.no_grad():
+            for label in torch.unique(y):
+                rows = torch.nonzero(y == label).flatten()
+                picked = rows[: self.SAMPLES_PER_CLASS]
+                guess = task.model(x[picked].to(device)).argmax(dim=1).cpu()
+                accuracy = float((guess == label).float().mean())
+                accuracies.append(accuracy / 2 if len(rows) < self.FEW else accuracy)
+        return 100.0 * (max(accuracies) - min(accuracies))
+
+
+# ---------------------------------------------------------------- the server half
+
+
 class FedQSSGD(KFifo):
     """FedQS-SGD: clients classified at dispatch adapt lr and momentum; flagged updates get
     the feedback weight; w += sum p_i delta_i."""
@@ -219,6 +264,9 @@ class FedQSSGD(KFifo):
     name = "fedqs-sgd"
     Params = FedQSParams
     params: FedQSParams
+    client_rules = (ClassSpread(),)
+    kept = (*KFifo.kept, "count", "speed", "theta", "lr", "momentum", "examples")
+    kept += ("speed_ths", "theta_ths", "previous_model", "last_delta", "started_from", "pending")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -242,6 +290,9 @@ class FedQSSGD(KFifo):
         assert isinstance(params, FedQSParams)
         if params.fedqs_lr_min > params.fedqs_lr_max:
             raise ValueError("fedqs-lr-min is above fedqs-lr-max")
+
+    def bind(self, setup: Setup) -> None:
+        self.bind_segments(list(setup.segments))
 
     def bind_segments(self, segments: list[tuple[int, int]]) -> None:
         """Where each parameter tensor lies in the flat vector (the angle is per tensor)."""
@@ -353,17 +404,6 @@ class FedQSSGD(KFifo):
         self.speed_ths = mean_nonzero(self.speed)
         self.theta_ths = mean_nonzero(self.theta)
         return weights
-
-    def state(self) -> dict[str, Any]:
-        keys = ("count", "speed", "theta", "lr", "momentum", "examples", "speed_ths")
-        keys += ("theta_ths", "previous_model", "last_delta", "started_from", "pending")
-        return {**super().state(), **{key: getattr(self, key) for key in keys}}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        for key, value in state.items():
-            if key not in ("model", "fifo"):
-                setattr(self, key, value)
 
 
 class FedQSAvg(FedQSSGD):

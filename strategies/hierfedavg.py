@@ -3,14 +3,14 @@ client-edge-cloud hierarchy synchronous at both levels. Each edge runs `mafsa-ed
 FedAvg rounds over its online clients (a dropped client simply misses the round), uploads,
 and waits; when every edge has uploaded, the cloud model is the data-weighted average
 w = sum_k rho_k theta_k and every edge goes on from it. The edges' rounds and the dropout
-schedule are strategies/mafsa.py's, so HierFedAvg(p) and MAFSA(p) see the same pattern.
+schedule are strategies/hierarchy.py's, so HierFedAvg(p) and MAFSA(p) see the same pattern.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from strategies.mafsa import Hierarchy
+from strategies.hierarchy import Hierarchy
 
 
 class HierFedAvg(Hierarchy):

@@ -24,15 +24,16 @@ c starts from sum_j W_cj phi_j; no blending, no decay, no multicast. `pace-ablat
 (Fig. 5): naive | buffer (blending without the staleness decay) | buffer-multicast (and
 multicast) | none (full PACE, with the decay).
 
-Clients (client_app/rules.py): cross-entropy + lambda (1 - cos(w, w_start)), SGD with
+Clients (`CosineToStart` below): cross-entropy + lambda (1 - cos(w, w_start)), SGD with
 momentum 0.9 and weight decay 1e-4. Memory on the server: n models and an n x n graph.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 
 from common.config import KebabModel, RunConfig
@@ -41,12 +42,15 @@ from strategies.base import (
     EVAL_PER_CLIENT,
     Assignment,
     Outcome,
+    Plan,
+    Setup,
     Strategy,
     Update,
     View,
     pick_uniform,
     update_record,
 )
+from strategies.client import ClientRule, LocalTask
 from strategies.staleness import Staleness
 
 
@@ -97,12 +101,40 @@ def multicast_group(stalenesses: list[tuple[int, int, int]], omega: float) -> li
     return []
 
 
+# ---------------------------------------------------------------- the client half
+
+
+class CosineToStart(ClientRule):
+    """PACE and pFedGraph (eq. 4): the objective adds lambda (1 - cos(w, w_start)) over all
+    parameters, w_start the model the task started from."""
+
+    name = "cosine-to-start"
+
+    def before(self, task: LocalTask) -> None:
+        weight = float(task.spec.extra.get(RuleKeys.PACE_LAMBDA, 0.0))
+        if weight == 0:
+            return
+        params = list(task.model.state_dict(keep_vars=True).values())  # the layout's order
+        start = torch.from_numpy(task.start).to(params[0].device)
+
+        def term(model: torch.nn.Module) -> torch.Tensor:
+            flat = torch.cat([p.reshape(-1) for p in params])
+            return weight * (1.0 - torch.nn.functional.cosine_similarity(flat, start, 0, 1e-12))
+
+        task.loss_terms.append(term)
+
+
+# ---------------------------------------------------------------- the server half
+
+
 class PACE(Strategy):
     name = "pace"
     returns = RETURN_MODEL
     evaluates = EVAL_PER_CLIENT
     Params = PACEParams
     params: PACEParams
+    client_rules = (CosineToStart(),)
+    kept = ("phi", "share", "graph", "sequence_weight", "sequence_length", "last_arrival")
 
     def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
         super().__init__(run, params, initial)
@@ -131,20 +163,23 @@ class PACE(Strategy):
     def staleness_decay(self) -> bool:
         return self.ablation == "none"
 
+    def bind(self, setup: Setup) -> None:
+        self.bind_client_sizes(setup.client_sizes)
+
     def bind_client_sizes(self, sizes: np.ndarray) -> None:
         """p_j = n_j / sum n (the server knows every client's training-split size)."""
         self.share = np.asarray(sizes, dtype=np.float64) / float(np.sum(sizes))
         self.graph = np.tile(self.share, (len(self.share), 1))
 
     # ------------------------------------------------------------ dispatch
-    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+    def plan(self, view: View, rng: np.random.Generator) -> Plan:
         if self.params.pace_dispatch == "same-client" and self.last_arrival in view.idle:
             first = self.last_arrival
             rest = [c for c in view.idle if c != first]
             chosen = [first, *pick_uniform(rest, view.capacity - 1, rng)]
         else:
             chosen = pick_uniform(view.idle, view.capacity, rng)
-        return [self.assign(c, view) for c in chosen]
+        return Plan([self.assign(c, view) for c in chosen])
 
     def assign(self, client: int, view: View) -> Assignment:
         params = self.params
@@ -216,25 +251,6 @@ class PACE(Strategy):
             )
         ]
         return outcome
-
-    # ------------------------------------------------------------ checkpoints
-    def state(self) -> dict[str, Any]:
-        return {
-            **super().state(),
-            "phi": self.phi,
-            "share": self.share,
-            "graph": self.graph,
-            "sequence_weight": self.sequence_weight,
-            "sequence_length": self.sequence_length,
-            "last_arrival": self.last_arrival,
-        }
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        super().load_state(state)
-        self.phi, self.share, self.graph = state["phi"], state["share"], state["graph"]
-        self.sequence_weight = state["sequence_weight"]
-        self.sequence_length = state["sequence_length"]
-        self.last_arrival = state["last_arrival"]
 
 
 class PFedGraphAsync(PACE):

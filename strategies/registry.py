@@ -1,4 +1,5 @@
-"""Strategy names -> classes, and the full validation of a run config."""
+"""Strategy names -> classes (one line per rule: `RULES`), their client rules by name, and
+the full validation of a run config."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import numpy as np
 from common.config import FIX_HINT, ConfigError, KebabModel, RunConfig, parse_model
 from strategies.base import Strategy
 from strategies.ca2fl import CA2FL
+from strategies.client import ClientRule
 from strategies.fedasync import FedAsync
 from strategies.fedavg import FedAvg
 from strategies.fedbuff import FedBuff
@@ -24,6 +26,11 @@ from strategies.pace import PACE, PFedGraphAsync
 RULES = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
 RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg, MAFSA, HierFedAvg)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in RULES}
+
+
+def client_rules() -> dict[str, ClientRule]:
+    """Every registered strategy's client rules, by the name a task gives them."""
+    return {rule.name: rule for cls in STRATEGIES.values() for rule in cls.client_rules}
 
 
 def known_keys() -> set[str]:

@@ -11,7 +11,7 @@ import numpy as np
 from common.config import RunConfig
 from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
 from server_app.transport import Reply
-from strategies.base import Update, View
+from strategies.base import Strategy, Update, View
 from strategies.registry import STRATEGIES
 
 V0 = View()  # the view of a strategy at version 0, for unit tests of on_update
@@ -132,3 +132,12 @@ UNKNOWN_STRATEGY = (
     f"{', '.join(sorted(STRATEGIES))}; fix it in [tool.flwr.app.config] of pyproject.toml "
     "or with --run-config"
 )
+
+
+def bind_server(run: RunConfig, strategy: Strategy) -> None:
+    """Bind `strategy` as a run does: the server's own model, layout and data."""
+    from common.models import ParamLayout
+    from server_app.experiment import server_model, setup_for
+
+    model = server_model(run)
+    strategy.bind(setup_for(run, model, ParamLayout.of(model)))

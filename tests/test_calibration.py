@@ -14,10 +14,10 @@ from common.config import ConfigError
 from common.models import build_model, get_flat, set_flat
 from common.schema import SignalKeys
 from common.sensitivity import loss_gradient, sketch_for_task
-from server_app.experiment import bind_server_signals, diagnostic_batch
+from server_app.experiment import diagnostic_batch
 from strategies.base import Update, View
 from strategies.fedpsa import FedPSA, FedPSAParams
-from tests.helpers import run_config
+from tests.helpers import bind_server, run_config
 
 SHAPE = (1, 8, 8)
 
@@ -26,7 +26,7 @@ def digits_fedpsa(**params: object) -> FedPSA:
     run = run_config(dataset="digits", num_clients=10, strategy="fedpsa", buffer_size=2)
     model = build_model(run.model_name, SHAPE, 10, run.seed)
     strategy = FedPSA(run, FedPSAParams(**params), get_flat(model))
-    bind_server_signals(run, strategy)
+    bind_server(run, strategy)
     return strategy
 
 

@@ -8,16 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-import client_app.training as training
+import common.training as training
 from client_app.local import local_transport
-from client_app.rules import RULES, ClientRule, LocalTask
 from client_app.task import client_model, train_task
-from client_app.training import Optimiser, local_train
 from common.models import build_model, get_flat
 from common.schema import SignalKeys, SignalSpec, TaskSpec
+from common.training import Optimiser, local_train
 from server_app.experiment import run_experiment
 from server_app.results import read_jsonl
 from strategies.base import Outcome, Update, View, update_record
+from strategies.client import ClientRule, LocalTask, UnknownClientRule
 from strategies.fedbuff import FedBuff
 from strategies.registry import STRATEGIES, load_config
 from tests.helpers import run_config
@@ -28,6 +28,8 @@ PROBE = "probe-norm"
 class ProbeRule(ClientRule):
     """Adds a signal (||delta||), counts tasks in the client's kept state, and adds a loss
     term that pulls the weights to zero (so the closed-form trainer must step aside)."""
+
+    name = "probe-rule"
 
     def before(self, task: LocalTask) -> None:
         seen = task.state.get("tasks", np.zeros(1, dtype=np.float32))
@@ -41,6 +43,7 @@ class ProbeRule(ClientRule):
 
 class ProbeStrategy(FedBuff):
     name = "probe"
+    client_rules = (ProbeRule(),)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -62,7 +65,6 @@ def test_a_client_rule_adds_a_signal_keeps_state_and_changes_the_loss(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     monkeypatch.setitem(STRATEGIES, "probe", ProbeStrategy)
-    monkeypatch.setitem(RULES, "probe", (ProbeRule(),))
     used: list[str] = []
     original = training.autograd_step
     monkeypatch.setattr(
@@ -90,12 +92,12 @@ def test_a_client_rule_adds_a_signal_keeps_state_and_changes_the_loss(
 
 
 def test_client_state_persists_per_client_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(RULES, "probe", (ProbeRule(),))
-    cfg = run_config(dataset="digits", num_clients=2, concurrency=1, strategy="probe")
+    monkeypatch.setitem(STRATEGIES, "probe", ProbeStrategy)
+    cfg = run_config(dataset="digits", num_clients=2, concurrency=1)
     transport = local_transport(cfg)
     model, layout = client_model(cfg)
     arrays = layout.unflatten(get_flat(model))
-    spec = TaskSpec(task_id=0, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    spec = TaskSpec(0, 0, lr=0.1, local_epochs=1, batch_size=16, seed=0, rules=("probe-rule",))
     seen = []
     for client in (0, 0, 1, 0):
         msg = transport.send(1000 + client, "train", spec.to_config(), arrays)
@@ -114,15 +116,15 @@ def test_fedpsa_sketch_comes_from_its_client_rule() -> None:
         SignalKeys.CALIB_SEED: 0,
         SignalKeys.CALIB_SOURCE: "gaussian",
     }
-    spec = TaskSpec(task_id=0, version=0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    spec = TaskSpec(0, 0, lr=0.1, local_epochs=1, batch_size=16, seed=0, rules=("fedpsa-sketch",))
     config = {**spec.to_config(), **extra}
     metrics, delta, sets = train_task(cfg, 0, config, layout.unflatten(get_flat(model)))
     assert len(metrics[SignalKeys.SKETCH]) == 4 and sets == {}
     norm = sum(float(np.dot(v.ravel().astype(np.float64), v.ravel())) for v in delta.values())
     assert metrics[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(norm, rel=1e-6)
-    fedbuff = run_config(dataset="digits", strategy="fedbuff")
-    metrics, _, _ = train_task(fedbuff, 0, config, layout.unflatten(get_flat(model)))
-    assert SignalKeys.SKETCH not in metrics  # no rule for fedbuff
+    plain = {**config, "client-rules": ""}  # what a FedBuff task names: no rule
+    metrics, _, _ = train_task(cfg, 0, plain, layout.unflatten(get_flat(model)))
+    assert SignalKeys.SKETCH not in metrics
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -194,3 +196,26 @@ def test_task_settings_from_an_assignment_reach_the_client() -> None:
         ).to_config()
     )
     assert (spec.momentum, spec.optimizer, spec.local_steps) == (0.5, "adam", 3)
+
+
+def test_a_task_naming_an_unknown_client_rule_is_refused_not_trained_plainly() -> None:
+    cfg = run_config(dataset="digits", num_clients=2)
+    model, layout = client_model(cfg)
+    spec = TaskSpec(0, 0, lr=0.1, local_epochs=1, batch_size=16, seed=0, rules=("no-such",))
+    with pytest.raises(UnknownClientRule, match="client rule 'no-such'"):
+        train_task(cfg, 0, spec.to_config(), layout.unflatten(get_flat(model)))
+
+
+def test_every_task_names_its_strategys_client_rules() -> None:
+    from strategies.registry import client_rules
+
+    known = client_rules()
+    assert set(known) == {"fedpsa-sketch", "cosine-to-start", "fedqs-class-spread"} | {
+        "mafsa-stale-training"
+    }
+    for name, cls in STRATEGIES.items():
+        declared = tuple(rule.name for rule in cls.client_rules)
+        assert all(known[rule] is r for rule, r in zip(declared, cls.client_rules, strict=True))
+        assert bool(declared) == (
+            name in {"fedpsa", "pace", "pfedgraph-async", "fedqs-sgd", "fedqs-avg", "mafsa"}
+        )

@@ -19,9 +19,9 @@ from server_app.evaluation import Scoreboard
 from server_app.transport import Reply
 from strategies.base import (
     EVAL_PER_CLIENT,
-    Assignment,
     NoParams,
     Outcome,
+    Plan,
     Strategy,
     Update,
     View,
@@ -83,13 +83,13 @@ class GroupRounds(Strategy):
         self.waiting: dict[int, set[int]] = {0: set(), 1: set()}
         self.seen: list[Update] = []
 
-    def plan(self, view: View, rng: np.random.Generator) -> list[Assignment]:
+    def plan(self, view: View, rng: np.random.Generator) -> Plan:
         plan = []
         for index, members in enumerate(self.groups):
             if not self.waiting[index] and set(members) <= set(view.idle):
                 self.waiting[index] = set(members)
                 plan += [self.assign(c, view) for c in members]
-        return plan
+        return Plan(plan)
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.seen.append(update)

@@ -20,13 +20,12 @@ from common.sensitivity import (
     sketch_for_task,
     vmap_sensitivity,
 )
-from server_app.experiment import bind_server_signals
 from strategies.base import NoParams, Update, View
 from strategies.ca2fl import CA2FL, CA2FLParams
 from strategies.fedbuff import FedBuff, FedBuffParams
 from strategies.fedfa import FedFa
 from strategies.fedpsa import FedPSA, FedPSAParams, cosine
-from tests.helpers import V0, run_config, update
+from tests.helpers import V0, bind_server, run_config, update
 
 
 def psa_update(
@@ -181,7 +180,7 @@ def test_sketch_cosine_approximates_the_full_cosine() -> None:
 def test_client_and_server_sketch_identically() -> None:
     run = run_config(dataset="digits", num_clients=10, strategy="fedpsa")
     strategy = FedPSA(run, FedPSAParams(), np.zeros(1))
-    bind_server_signals(run, strategy)
+    bind_server(run, strategy)
     model = build_model("mlp", (1, 8, 8), 10, seed=11)
     flat = get_flat(model)
     client_side = build_model("mlp", (1, 8, 8), 10, seed=0)

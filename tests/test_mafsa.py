@@ -13,26 +13,27 @@ import pytest
 
 from client_app.local import local_transport
 from client_app.task import client_model, train_task
-from client_app.training import local_train
 from common.config import ConfigError
 from common.federation import client_data
 from common.models import get_flat, set_flat
 from common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
 from common.threads import limited
+from common.training import local_train
 from server_app.experiment import run_experiment
+from strategies import hierarchy as h
 from strategies import mafsa as m
 from strategies.base import Outcome, Update, View
-from strategies.mafsa import Hierarchy
+from strategies.hierarchy import Hierarchy
 from strategies.registry import build_strategy, load_config
 from tests.helpers import run_config
 
 
 def test_beta_for_a_given_mean_staleness() -> None:
     # E = [0, 1, 3]: E_avg over the returning clients = 2; beta = ln(2) / 2
-    assert m.beta_for([0, 1, 3]) == pytest.approx(math.log(2) / 2)
-    assert m.beta_for([0, 0]) == 0.0
-    assert m.alpha_for(0, 0.3) == 1.0
-    assert m.alpha_for(2, math.log(2) / 2) == pytest.approx(0.5)  # exp(-ln 2)
+    assert h.beta_for([0, 1, 3]) == pytest.approx(math.log(2) / 2)
+    assert h.beta_for([0, 0]) == 0.0
+    assert h.alpha_for(0, 0.3) == 1.0
+    assert h.alpha_for(2, math.log(2) / 2) == pytest.approx(0.5)  # exp(-ln 2)
 
 
 def test_one_edge_aggregation_with_a_returning_client() -> None:
@@ -40,7 +41,7 @@ def test_one_edge_aggregation_with_a_returning_client() -> None:
     stale = [None, np.array([7.0, 6.0], dtype=np.float32)]
     # client 2 was away E = 2 rounds: E_avg 2, beta ln(2)/2, alpha 0.5:
     # blended 0.5 [3, 2] + 0.5 [7, 6] = [5, 4]; theta = (100 [1, 0] + 300 [5, 4]) / 400
-    theta, alphas, beta = m.edge_aggregate(fresh, stale, [100, 300], [0, 2])
+    theta, alphas, beta = h.edge_aggregate(fresh, stale, [100, 300], [0, 2])
     assert alphas == pytest.approx([1.0, 0.5]) and beta == pytest.approx(math.log(2) / 2)
     np.testing.assert_allclose(theta, [4.0, 3.0], rtol=1e-6)
 
@@ -55,21 +56,21 @@ def test_the_delta_and_mix_cloud_steps() -> None:
 
 
 def test_the_dropout_schedule_is_seeded_and_rule_independent() -> None:
-    pattern = [[m.online(c, r, 0.3, seed=7) for r in range(50)] for c in range(20)]
-    again = [[m.online(c, r, 0.3, seed=7) for r in range(50)] for c in range(20)]
+    pattern = [[h.online(c, r, 0.3, seed=7) for r in range(50)] for c in range(20)]
+    again = [[h.online(c, r, 0.3, seed=7) for r in range(50)] for c in range(20)]
     assert pattern == again  # a function of (seed, client, round) only
     share = 1 - np.mean(pattern)
     assert 0.25 < share < 0.35  # 1,000 draws at p = 0.3
-    assert all(m.online(c, r, 0.0, seed=7) for c in range(5) for r in range(5))
-    assert pattern != [[m.online(c, r, 0.3, seed=8) for r in range(50)] for c in range(20)]
+    assert all(h.online(c, r, 0.0, seed=7) for c in range(5) for r in range(5))
+    assert pattern != [[h.online(c, r, 0.3, seed=8) for r in range(50)] for c in range(20)]
 
 
 def test_edge_groups_are_equal_seeded_and_cover_every_client() -> None:
-    groups = m.edge_groups(100, 5, seed=3)
+    groups = h.edge_groups(100, 5, seed=3)
     assert [len(g) for g in groups] == [20] * 5
     assert sorted(c for g in groups for c in g) == list(range(100))
-    assert groups == m.edge_groups(100, 5, seed=3) != m.edge_groups(100, 5, seed=4)
-    assert [len(g) for g in m.edge_groups(7, 3, seed=0)] == [3, 2, 2]
+    assert groups == h.edge_groups(100, 5, seed=3) != h.edge_groups(100, 5, seed=4)
+    assert [len(g) for g in h.edge_groups(7, 3, seed=0)] == [3, 2, 2]
 
 
 # ------------------------------------------------------------------ the rules' rounds
@@ -132,7 +133,7 @@ def test_hierfedavg_waits_for_every_edge_then_averages_by_data_share() -> None:
     strategy.plan(View(idle=(0, 1, 2, 3), capacity=4), np.random.default_rng(0))
     reply(strategy, a, [4, 0], 1)
     assert not reply(strategy, b, [0, 4], 3).changed  # edge 0 waits for the cloud
-    assert strategy.plan(View(idle=(a, b), capacity=2), np.random.default_rng(0)) == []
+    assert not strategy.plan(View(idle=(a, b), capacity=2), np.random.default_rng(0))
     reply(strategy, c, [2, 2], 1)
     assert reply(strategy, d, [4, 0], 1).changed
     np.testing.assert_allclose(strategy.model, [2.0, 2.0])  # 0.5 [1, 3] + 0.5 [3, 1]
@@ -215,7 +216,7 @@ def test_a_returning_client_trains_its_stale_model_lazily() -> None:
     stale = start + 0.01
     spec = TaskSpec(
         task_id=1, version=0, lr=0.05, local_epochs=1, batch_size=8, seed=11, returns="model",
-        local_steps=3,
+        local_steps=3, rules=("mafsa-stale-training",),
         extra={RuleKeys.MAFSA_OFFLINE: 2, RuleKeys.MAFSA_STALE_LR: 0.2,
                RuleKeys.MAFSA_LR_STEP: 0.5},
     )  # fmt: skip

@@ -77,7 +77,7 @@ def test_fedbuff_flushes_every_k_with_staleness_weights() -> None:
     assert outcome.changed
     np.testing.assert_allclose(strategy.model, [2.0, 2.0])
     assert [r["weight"] for r in outcome.records] == [0.5, 0.25]
-    assert strategy.buffer == []
+    assert len(strategy.buffer) == 0
 
 
 def test_fedbuff_server_lr_scales_the_step() -> None:

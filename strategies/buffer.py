@@ -1,0 +1,26 @@
+"""Buffer-then-flush, the step every buffered rule shares (FedBuff, CA2FL, FedPSA, the
+K-FIFO of SAFL and FedQS): arrivals collect until K are in; then the K are handed over
+once and the buffer starts empty again."""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+Item = TypeVar("Item")
+
+
+class Buffer(Generic[Item]):
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.items: list[Item] = []
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, item: Item) -> list[Item] | None:
+        """Keep `item`; the full batch, in arrival order, when it makes K (else None)."""
+        self.items.append(item)
+        if len(self.items) < self.size:
+            return None
+        batch, self.items = self.items, []
+        return batch
