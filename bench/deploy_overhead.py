@@ -24,8 +24,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from server_app.deploy import CONNECTION, LocalDeployment
-from server_app.launch import to_flower, tool
+from launcher.deploy import CONNECTION, LocalDeployment
+from launcher.launch import to_flower, tool
 from server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -80,9 +80,9 @@ def simulation_summary(config: str, workdir: Path) -> dict[str, Any]:
 
 
 def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
-    from client_app.local import local_transport, pooled_transport
+    from launcher.launch import parse_pairs
+    from launcher.local import local_transport, pooled_transport
     from server_app.experiment import run_experiment
-    from server_app.launch import parse_pairs
     from strategies.registry import load_config
 
     name = f"local-{workers}"
@@ -95,7 +95,7 @@ def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
 
 
 def measure(model: str, extra: str, tasks: int, workers: int) -> dict[str, float]:
-    from server_app.launch import parse_pairs
+    from launcher.launch import parse_pairs
 
     budget = BUDGETS.get(model, 8_000.0)
     config = (

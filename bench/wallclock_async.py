@@ -15,7 +15,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from server_app.deploy import LocalDeployment, parse_delays
+from launcher.deploy import LocalDeployment, parse_delays
 from server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent

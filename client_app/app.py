@@ -116,7 +116,7 @@ def train(msg: Message, context: Context) -> Message:
 
 def injected_delay(context: Context) -> float:
     """Seconds a deployed node waits after training (node-config `delay-seconds`): a slow
-    device on a local deployment (server_app/deploy.py)."""
+    device on a local deployment (launcher/deploy.py)."""
     delay = float(context.node_config.get("delay-seconds", 0.0))
     if delay < 0:
         raise ValueError(f"node-config delay-seconds={delay} is negative; use 0 or more")

@@ -1,5 +1,5 @@
 """One training task of one client, free of Flower's message types: the ClientApp's train
-handler wraps it, and local running (client_app/local.py) calls it directly."""
+handler wraps it, and local running (launcher/local.py) calls it directly."""
 
 from __future__ import annotations
 

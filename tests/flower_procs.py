@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from server_app.deploy import CONNECTION, LocalDeployment
-from server_app.launch import tool
+from launcher.deploy import CONNECTION, LocalDeployment
+from launcher.launch import tool
 
 __all__ = ["CONNECTION", "SimulationSuperLink"]
 

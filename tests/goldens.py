@@ -68,7 +68,7 @@ def one_thread() -> Iterator[None]:
 
 def produce(strategy: str, runs_dir: Path) -> dict[str, str]:
     """Run `strategy`'s golden config in this process; the text of its two files."""
-    from client_app.local import local_transport
+    from launcher.local import local_transport
     from server_app.experiment import run_experiment
     from strategies.registry import load_config
 

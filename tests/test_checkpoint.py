@@ -11,9 +11,9 @@ import pytest
 from client_app.task import evaluate_task, train_task
 from common.config import ConfigError
 from common.schema import MSG_TRAIN
+from launcher.inprocess import InProcessTransport
 from server_app import checkpoint
 from server_app.experiment import run_experiment
-from server_app.inprocess import InProcessTransport
 from strategies.registry import load_config
 
 BASE = {

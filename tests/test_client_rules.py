@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import common.training as training
-from client_app.local import local_transport
 from client_app.task import client_model, train_task
 from common.models import build_model, get_flat
 from common.schema import SignalKeys, SignalSpec, TaskSpec
 from common.training import Optimiser, local_train
+from launcher.local import local_transport
 from server_app.experiment import run_experiment
 from server_app.results import read_jsonl
 from strategies.base import Outcome, Update, View, update_record

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError, parse_faults
-from server_app.cli import main
-from server_app.launch import parse_pairs
+from launcher.cli import main
+from launcher.launch import parse_pairs
 from strategies.registry import load_config
 from tests.helpers import UNKNOWN_STRATEGY
 
@@ -59,7 +59,7 @@ def test_faults_parse() -> None:
 
 def test_cli_check_exits_nonzero_with_one_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "server_app.cli", "run", "--run-config", "strategy=nope"],
+        [sys.executable, "-m", "launcher.cli", "run", "--run-config", "strategy=nope"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -125,8 +125,8 @@ def test_the_demo_is_fedpsa_as_the_paper_defines_it_on_a_non_iid_split() -> None
 
 def test_flower_simulation_gets_one_cpu_per_client_unless_told_otherwise() -> None:
     """Flower's Ray backend defaults to 2 CPUs a ClientApp (one actor on a 2-core box)."""
-    from server_app.cli import flower_command
-    from server_app.launch import resolve
+    from launcher.cli import flower_command
+    from launcher.launch import resolve
 
     run, overrides = resolve(ROOT, {})
     default = flower_command(ROOT, overrides, "", run, "")

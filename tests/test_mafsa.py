@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client_app.local import local_transport
 from client_app.task import client_model, train_task
 from common.config import ConfigError
 from common.federation import client_data
@@ -19,6 +18,7 @@ from common.models import get_flat, set_flat
 from common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
 from common.threads import limited
 from common.training import local_train
+from launcher.local import local_transport
 from server_app.experiment import run_experiment
 from strategies import hierarchy as h
 from strategies import mafsa as m

@@ -12,8 +12,8 @@ import numpy as np
 
 from common.config import RunConfig
 from common.schema import MSG_EVALUATE, MSG_TRAIN
-from server_app.inprocess import NODE_BASE
-from server_app.pool import PooledTransport
+from launcher.inprocess import NODE_BASE
+from launcher.pool import PooledTransport
 from tests.helpers import run_config
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client_app.local import local_transport
+from launcher.local import local_transport
 from server_app.experiment import run_experiment
 from server_app.results import read_jsonl
 from strategies.base import View

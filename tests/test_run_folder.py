@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from common.config import ConfigError
-from server_app.cli import main
-from server_app.launch import merged_pairs, parse_pairs
+from launcher.cli import main
+from launcher.launch import merged_pairs, parse_pairs
 from server_app.provenance import provenance
 from server_app.results import RUN_FILES
 
@@ -28,7 +28,7 @@ TINY += "max-virtual-time=40 eval-interval=10"
 
 def fedstale(*argv: str) -> subprocess.CompletedProcess:
     """`fedstale ...` as a user runs it, from the checkout."""
-    command = [sys.executable, "-m", "server_app.cli", *argv]
+    command = [sys.executable, "-m", "launcher.cli", *argv]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 

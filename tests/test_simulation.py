@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from client_app.local import local_transport
-from server_app.deploy import free_port, stop_tree, wait_for_port
+from launcher.deploy import free_port, stop_tree, wait_for_port
+from launcher.launch import flower_env, parse_pairs, tool
+from launcher.local import local_transport
 from server_app.experiment import run_experiment
-from server_app.launch import flower_env, parse_pairs, tool
 from server_app.results import read_jsonl
 from strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink

@@ -6,15 +6,15 @@
     fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
                    (no Flower: the same engine, clients trained in N processes)
     fedstale compare RUN... [--last K] [--target ACC] [--out DIR]
-                   (runs on one plot and one table: server_app/compare.py)
+                   (runs on one plot and one table: launcher/compare.py)
     fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
-                   (a local SuperLink and N SuperNodes: server_app/deploy.py)
+                   (a local SuperLink and N SuperNodes: launcher/deploy.py)
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
 problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` and exits
 non-zero unless the run wrote its summary. On Flower's `local` connection it starts the local
-SuperLink itself and stops it afterwards (server_app/local_link.py). `--local` runs the same
+SuperLink itself and stops it afterwards (launcher/local_link.py). `--local` runs the same
 engine and client code in this process, the clients' tasks on `--workers` cores; on the
 virtual clock its results equal Flower simulation's for the same seed. String values need no
 quotes here (`strategy=fedasync` works; Flower itself wants `strategy='fedasync'`).
@@ -35,11 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError, KebabModel, RunConfig
-from server_app import compare, deploy
-from server_app.checkpoint import CHECKPOINT_FILE
-from server_app.engine import EngineError
-from server_app.heartbeat import STALE_SECONDS, server_died
-from server_app.launch import (
+from launcher import compare, deploy
+from launcher.launch import (
     app_defaults,
     federation_options,
     flower_env,
@@ -48,7 +45,10 @@ from server_app.launch import (
     to_flower,
     tool,
 )
-from server_app.local_link import owned_local_superlink
+from launcher.local_link import owned_local_superlink
+from server_app.checkpoint import CHECKPOINT_FILE
+from server_app.engine import EngineError
+from server_app.heartbeat import STALE_SECONDS, server_died
 from server_app.results import runs_root
 from strategies.registry import load_config
 
@@ -104,7 +104,7 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
 def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
     """The engine in this process, clients' tasks on `workers` processes (1: in this one)."""
     # The launcher joins both sides, as `flwr run` does; server_app's modules never do.
-    from client_app.local import local_transport, pooled_transport
+    from launcher.local import local_transport, pooled_transport
     from server_app.app import setup_logging
     from server_app.experiment import run_experiment
 

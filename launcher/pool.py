@@ -23,7 +23,7 @@ import numpy as np
 
 from common.config import RunConfig
 from common.records import ArraySets
-from server_app.inprocess import Arrays, EvaluateFn, InProcessTransport, TrainFn
+from launcher.inprocess import Arrays, EvaluateFn, InProcessTransport, TrainFn
 from server_app.transport import Reply
 
 ERROR_CODE = 1  # a client exception, as Flower's ClientApp error replies carry

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 
 from common.config import ConfigError
-from server_app.deploy import spawn, stop_tree
-from server_app.launch import flower_env, tool
+from launcher.deploy import spawn, stop_tree
+from launcher.launch import flower_env, tool
 
 STARTUP_SECONDS = 30.0
 

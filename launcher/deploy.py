@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from common.config import ConfigError
-from server_app.launch import flower_env, parse_pairs, resolve, to_flower, tool
+from launcher.launch import flower_env, parse_pairs, resolve, to_flower, tool
 
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"

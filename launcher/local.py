@@ -1,13 +1,13 @@
 """Local running: the clients' work called in this process (or in worker processes), behind
-the engine's Transport interface (server_app/inprocess.py, server_app/pool.py), so that
+the engine's Transport interface (launcher/inprocess.py, launcher/pool.py), so that
 server_app never imports client_app."""
 
 from __future__ import annotations
 
 from client_app.task import evaluate_task, train_task
 from common.config import RunConfig
-from server_app.inprocess import InProcessTransport
-from server_app.pool import PooledTransport
+from launcher.inprocess import InProcessTransport
+from launcher.pool import PooledTransport
 
 
 def local_transport(run: RunConfig) -> InProcessTransport:

@@ -3,7 +3,7 @@
 For quick experiments and long paper reproductions on a small box: the engine, strategies
 and client code are the ones a Flower run uses, and on the virtual clock a run gives the
 same metrics as in Flower simulation (tests check it), at the speed of a bare PyTorch loop.
-The client functions are injected (client_app/local.py builds this transport with them),
+The client functions are injected (launcher/local.py builds this transport with them),
 so the server side never imports client_app. Each client keeps its own state between tasks,
 as Flower's Context.state does on a node.
 """

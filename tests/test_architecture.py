@@ -1,0 +1,95 @@
+"""The layers of docs/architecture.md, read from the source: which package may import which,
+at module level or inside a function, and no probing of a strategy's attributes by name."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("common", "strategies", "server_app", "client_app", "launcher", "bench")
+# What each package may import from this repository (besides itself).
+ALLOWED = {
+    "common": set(),
+    "strategies": {"common"},
+    "server_app": {"common", "strategies"},
+    "client_app": {"common", "strategies"},
+    "launcher": {"common", "strategies", "server_app", "client_app"},
+    "bench": {"common", "strategies", "server_app", "client_app", "launcher"},
+}
+# Flower's API is for the apps and the launcher; the rules and the shared layer stay plain,
+# except the one wire adapter that both apps share.
+FLOWER_ALLOWED = {"server_app", "client_app", "launcher", "bench", "common/records.py"}
+
+
+def imports_of(path: Path) -> set[str]:
+    """Top-level names of every module `path` imports, anywhere in the file."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def sources(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_each_layer_imports_only_the_layers_below_it(package: str) -> None:
+    wrong = {}
+    for path in sources(package):
+        own = imports_of(path) & set(PACKAGES) - {package}
+        if own - ALLOWED[package]:
+            wrong[str(path.relative_to(ROOT))] = sorted(own - ALLOWED[package])
+    assert not wrong, f"{package} may import only {sorted(ALLOWED[package])}: {wrong}"
+
+
+@pytest.mark.parametrize("package", ["common", "strategies"])
+def test_the_rules_and_the_shared_layer_do_not_use_flower(package: str) -> None:
+    users = [
+        str(path.relative_to(ROOT))
+        for path in sources(package)
+        if "flwr" in imports_of(path) and str(path.relative_to(ROOT)) not in FLOWER_ALLOWED
+    ]
+    assert not users
+
+
+def test_the_apps_never_import_each_other_or_the_launcher() -> None:
+    for app, others in (
+        ("server_app", {"client_app", "launcher"}),
+        ("client_app", {"server_app", "launcher"}),
+    ):
+        for path in sources(app):
+            assert not imports_of(path) & others, f"{path.relative_to(ROOT)} imports {others}"
+
+
+def probes_a_strategy(node: ast.AST) -> bool:
+    """getattr / hasattr on something named like a strategy: a binding by name."""
+    if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+        return False
+    if node.func.id not in ("getattr", "hasattr") or not node.args:
+        return False
+    return "strategy" in ast.unparse(node.args[0])
+
+
+def test_the_engine_and_the_setup_never_probe_a_strategy_by_name() -> None:
+    probes = [
+        f"{path.relative_to(ROOT)}:{node.lineno}"
+        for path in sources("server_app")
+        for node in ast.walk(ast.parse(path.read_text()))
+        if probes_a_strategy(node)
+    ]
+    assert not probes
+
+
+def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:
+    source = tmp_path / "mod.py"
+    source.write_text("def f():\n    from server_app.engine import Engine\n    return Engine\n")
+    assert imports_of(source) == {"server_app"}
+    probe = ast.parse("getattr(self.strategy, 'bind_x', None)").body[0]
+    assert isinstance(probe, ast.Expr) and probes_a_strategy(probe.value)
