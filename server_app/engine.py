@@ -1,6 +1,8 @@
 """The asynchronous engine: keeps C tasks in flight over a Transport, hands validated
 replies to the strategy in clock order, evaluates on a virtual-time schedule, and stops at
-a budget. The only module that knows about time, tasks and nodes.
+a budget. With its parts (tasks.py: the book of tasks; replies.py: checking a reply;
+budgets.py: counters and budgets; clock.py, nodes.py, evaluation.py) the only code that
+knows about time, tasks and nodes.
 """
 
 from __future__ import annotations
@@ -8,10 +10,8 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable
+from dataclasses import asdict, replace
 from typing import Any, Protocol
 
 import numpy as np
@@ -19,25 +19,20 @@ import numpy as np
 from common.config import RunConfig
 from common.latency import LatencyProfile
 from common.models import ParamLayout
-from common.schema import (
-    ARRAYS,
-    MSG_TRAIN,
-    InvalidReply,
-    TaskSpec,
-    check_arrays,
-    parse_train_metrics,
-)
+from common.schema import ARRAYS, MSG_TRAIN, InvalidReply, TaskSpec
 from common.seeding import task_seed
+from server_app.budgets import TIME_BUDGET, Counters, Stopwatch, spent, time_budget
 from server_app.clock import Clock, Task, make_clock
 from server_app.evaluation import ClientScorer, Evaluation, Evaluator, Scoreboard
 from server_app.nodes import NodeBook
+from server_app.replies import validated
+from server_app.tasks import TaskBook
 from server_app.transport import Reply, SendRefused, Transport
-from strategies.base import Assignment, InFlight, Outcome, Strategy, Update, View
+from strategies.base import Assignment, InFlight, Outcome, Strategy, View
 
 log = logging.getLogger("fedstale")
 
 NODE_REFRESH_SECONDS = 1.0
-TIME_BUDGET = "time budget"
 
 
 class Recorder(Protocol):
@@ -48,31 +43,6 @@ class Recorder(Protocol):
 
 class EngineError(RuntimeError):
     """The run cannot go on (no nodes, a federation that does not match the config)."""
-
-
-@dataclass
-class Counters:
-    dispatched: int = 0
-    accepted: int = 0
-    rejected: int = 0
-    failed: int = 0
-    superseded: int = 0
-    client_compute_seconds: float = 0.0
-
-
-class Stopwatch:
-    """Seconds the engine spends in each phase (where the overhead goes)."""
-
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = defaultdict(float)
-
-    @contextmanager
-    def __call__(self, phase: str) -> Iterator[None]:
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[phase] += time.perf_counter() - start
 
 
 class Engine:
@@ -100,11 +70,7 @@ class Engine:
         self.clock: Clock = make_clock(run.clock)
         self.nodes = NodeBook(run.num_clients)
         self.rng = np.random.default_rng([run.seed, 0xD15])
-        self.tasks: dict[int, Task] = {}
-        self.by_msg: dict[str, int] = {}
-        self.arrived: dict[int, Reply] = {}
-        self.answered: set[int] = set()
-        self.superseded: dict[str, int] = {}  # message id of a superseded task -> its node
+        self.book = TaskBook()
         self.version = 0
         self.next_task_id = 0
         self.counters = Counters()
@@ -131,10 +97,18 @@ class Engine:
     def time_to_target(self) -> float | None:
         return self.scores.time_to_target
 
+    @property
+    def tasks(self) -> dict[int, Task]:
+        return self.book.tasks
+
+    @property
+    def superseded(self) -> dict[str, int]:
+        return self.book.superseded
+
     # ---------------------------------------------------------------- dispatch
     @property
     def busy(self) -> set[int]:
-        return {t.client for t in self.tasks.values()}
+        return self.book.busy
 
     def idle_clients(self) -> list[int]:
         busy = self.busy
@@ -142,9 +116,7 @@ class Engine:
 
     def prefetch_clients(self) -> list[int]:
         """Clients with exactly one task: with `prefetch`, each may queue one more."""
-        counts: dict[int, int] = defaultdict(int)
-        for task in self.tasks.values():
-            counts[task.client] += 1
+        counts = self.book.per_client()
         return [c for c in self.nodes.clients if counts.get(c) == 1]
 
     def view(self, candidates: list[int], capacity: int) -> View:
@@ -247,19 +219,20 @@ class Engine:
         self.next_task_id += 1
         latency = self.latency.task_latency(client, task_id)
         timeout = self.run.task_timeout
-        self.tasks[task_id] = Task(
-            task_id=task_id,
-            client=client,
-            node=node,
-            msg_id=msg_id,
-            version=self.version,
-            accepted_before=self.counters.accepted,
-            dispatched_at=self.clock.now(),
-            finishes_at=self.clock.finish_time(latency),
-            deadline=time.monotonic() + timeout if timeout else math.inf,
-            sets=tuple(sorted(models)),
+        self.book.add(
+            Task(
+                task_id=task_id,
+                client=client,
+                node=node,
+                msg_id=msg_id,
+                version=self.version,
+                accepted_before=self.counters.accepted,
+                dispatched_at=self.clock.now(),
+                finishes_at=self.clock.finish_time(latency),
+                deadline=time.monotonic() + timeout if timeout else math.inf,
+                sets=tuple(sorted(models)),
+            )
         )
-        self.by_msg[msg_id] = task_id
         self.strategy.on_dispatch(client)
         self.counters.dispatched += 1
 
@@ -267,24 +240,18 @@ class Engine:
     def collect(self) -> None:
         """Pull whatever replies are ready; error replies retire their task at once and
         replies to superseded tasks are discarded."""
-        for reply in self.transport.receive([*self.by_msg, *self.superseded]):
-            if self.superseded.pop(reply.msg_id, None) is not None:
-                log.debug("discarded the reply to superseded message %s", reply.msg_id)
+        for reply in self.transport.receive(self.book.watched()):
+            task = self.book.sort(reply)
+            if task is None:
                 continue
-            task_id = self.by_msg.pop(reply.msg_id, None)
-            if task_id is None:
-                log.warning("ignored a reply to unknown message %s", reply.msg_id)
-            elif reply.error_code is not None:
-                reason = f"error reply (code {reply.error_code}): {reply.error}"
-                self.retire(self.tasks[task_id], reason)
+            if reply.error_code is not None:
+                self.retire(task, f"error reply (code {reply.error_code}): {reply.error}")
             else:
-                self.arrived[task_id] = reply
+                self.book.arrived[task.task_id] = reply
 
     def retire(self, task: Task, reason: str) -> None:
         """End a task without an update; its client becomes idle if its node is online."""
-        self.tasks.pop(task.task_id, None)
-        self.by_msg.pop(task.msg_id, None)
-        self.arrived.pop(task.task_id, None)
+        self.book.drop(task)
         self.counters.failed += 1
         log.warning(
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
@@ -295,63 +262,31 @@ class Engine:
         """Withdraw tasks in flight: a reply that is in is dropped now, one still to come is
         dropped when it arrives; each counts as superseded, never as lost or accepted."""
         for task_id in task_ids:
-            task = self.tasks.pop(task_id, None)
+            task = self.book.withdraw(task_id)
             if task is None:
                 raise RuntimeError(
                     f"strategy {self.strategy.name} superseded task {task_id}, not in flight"
                 )
-            self.by_msg.pop(task.msg_id, None)
-            if self.arrived.pop(task_id, None) is None:
-                self.superseded[task.msg_id] = task.node
             self.counters.superseded += 1
             log.debug("task %d (client %d) superseded", task_id, task.client)
 
     def expire_overdue(self) -> None:
         """Retire tasks that have gone unanswered past `task-timeout` (a node that is alive
         but never answers would otherwise hold the virtual clock until Flower's TTL)."""
-        now = time.monotonic()
-        for task in [t for t in self.tasks.values() if t.deadline < now]:
-            if task.task_id not in self.arrived:
-                self.retire(task, f"no reply within task-timeout {self.run.task_timeout:g} s")
-
-    def validate(self, task: Task, reply: Reply) -> Update:
-        if reply.invalid:
-            raise InvalidReply(reply.invalid)
-        metrics = parse_train_metrics(reply.metrics, self.strategy.signals())
-        if metrics.task_id != task.task_id:
-            seen = "an answered" if metrics.task_id in self.answered else "an unknown"
-            raise InvalidReply(f"reply names {seen} task {metrics.task_id}")
-        if metrics.partition_id != task.client:
-            raise InvalidReply(f"reply claims client {metrics.partition_id}")
-        if reply.arrays is None:
-            raise InvalidReply("reply carries no arrays")
-        expected = sorted(self.strategy.expected_sets(task.sets))
-        if sorted(reply.sets) != expected:
-            raise InvalidReply(
-                f"reply carries array sets {sorted(reply.sets)}, expected {expected}"
-            )
-        for arrays in (reply.arrays, *reply.sets.values()):
-            check_arrays(arrays, self.layout.names, self.layout.shapes)
-        update = Update(
-            client=task.client,
-            task_id=task.task_id,
-            base_version=task.version,
-            staleness=self.version - task.version,
-            num_examples=metrics.num_examples,
-            vector=self.layout.flatten(reply.arrays),
-            signals=metrics.signals,
-            compute_seconds=metrics.compute_seconds,
-            sets={name: self.layout.flatten(a) for name, a in reply.sets.items()},
-            arrivals=self.counters.accepted - task.accepted_before,
-        )
-        self.strategy.validate(update)
-        return update
+        for task in self.book.overdue(time.monotonic()):
+            self.retire(task, f"no reply within task-timeout {self.run.task_timeout:g} s")
 
     def handle(self, task: Task, reply: Reply) -> None:
-        self.tasks.pop(task.task_id)
-        self.answered.add(task.task_id)
         try:
-            update = self.validate(task, reply)
+            update = validated(
+                task,
+                reply,
+                self.strategy,
+                self.layout,
+                self.version,
+                self.counters.accepted,
+                self.book.answered,
+            )
         except InvalidReply as err:
             self.counters.rejected += 1
             log.warning(
@@ -403,7 +338,7 @@ class Engine:
         """Handle every reply the clock allows now; False when nothing could be handled."""
         handled = False
         while not self.stop_reason:
-            task = self.clock.next_ready(self.tasks, self.arrived)
+            task = self.clock.next_ready(self.tasks, self.book.arrived)
             if task is None:
                 return handled
             done_at = self.clock.completion_time(task)
@@ -416,7 +351,7 @@ class Engine:
                 return handled
             self.clock.advance(task)
             with self.watch("handle"):
-                self.handle(task, self.arrived.pop(task.task_id))
+                self.handle(task, self.book.take(task))
             handled = True
             self.check_budgets()
             self.fill()
@@ -424,7 +359,7 @@ class Engine:
 
     # ---------------------------------------------------------------- evaluation
     def time_budget(self) -> float:
-        return self.run.max_virtual_time or math.inf
+        return time_budget(self.run)
 
     def evaluate_due(self, up_to: float) -> None:
         """Evaluate at every scheduled time <= up_to (the model is current until then)."""
@@ -446,17 +381,17 @@ class Engine:
 
     # ---------------------------------------------------------------- budgets
     def check_budgets(self) -> None:
-        run = self.run
-        if run.max_versions and self.version >= run.max_versions:
-            self.stop_reason = f"version budget {run.max_versions}"
-        elif run.max_updates and self.counters.accepted >= run.max_updates:
-            self.stop_reason = f"update budget {run.max_updates}"
-        elif run.max_wall_seconds and time.monotonic() - self.wall_start >= run.max_wall_seconds:
-            self.stop_reason = f"wall-time budget {run.max_wall_seconds:g} s"
-        elif run.clock == "wall" and self.clock.now() >= self.time_budget():
-            self.stop_reason = TIME_BUDGET
-        elif self.target_hit:
-            self.stop_reason = f"target accuracy {run.target_accuracy}"
+        wall_seconds = time.monotonic() - self.wall_start
+        reason = spent(
+            self.run,
+            self.version,
+            self.counters.accepted,
+            wall_seconds,
+            self.clock.now(),
+            self.target_hit,
+        )
+        if reason:
+            self.stop_reason = reason
 
     # ---------------------------------------------------------------- main loop
     def refresh_nodes(self, force: bool = False) -> None:
@@ -465,10 +400,8 @@ class Engine:
             return
         self.last_refresh = now
         gone = set(self.nodes.refresh(self.transport))
-        for task in [t for t in self.tasks.values() if t.node in gone]:
+        for task in self.book.on_nodes(gone):
             self.retire(task, "node went offline")
-        for msg_id in [m for m, node in self.superseded.items() if node in gone]:
-            del self.superseded[msg_id]
         self.nodes.collect(self.transport)
         if self.nodes.edge_of != self.edges_bound:
             self.edges_bound = dict(self.nodes.edge_of)
