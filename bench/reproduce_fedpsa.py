@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.grid import Job, finals, finished, grid, matching, run_all, run_in_process, table_head
-from launcher.compare import Group, Run, mean_std, plot_accuracy
+from launcher.analysis import Group, Run, mean_std
+from launcher.plots import plot_accuracy
 
 DAY = 86_400.0
 METHODS = ("fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa")

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.grid import Job, finals, finished, matching, run_all, run_in_process, table_head
-from launcher.compare import first_reach, mean_std
+from launcher.analysis import first_reach, mean_std
 
 DATA = {
     "fmnist-linear": {"dataset": "fmnist", "model": "linear"},

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from launcher.analysis import Run, find_runs, group_runs, table
 from launcher.cli import main
-from launcher.compare import Run, find_runs, group_runs, table
 
 
 def fake_run(root: Path, name: str, strategy: str, seed: int, accuracies: list[float]) -> Path:
