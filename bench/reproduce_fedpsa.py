@@ -25,7 +25,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, grid, matching, run_all, run_in_process, table_head
+from bench import reproduce
+from bench.grid import Job, Runner, finals, grid, matching, run_in_process, table_head
+from bench.reproduce import Options, Paper, Result, Suite, figure
 from launcher.analysis import Group, Run, mean_std
 from launcher.plots import plot_accuracy
 
@@ -164,7 +166,7 @@ def run_job(job: Job, runs_dir: str, budget: float) -> dict[str, Any]:
         "progress-interval": 3600.0,
     }
     result, folder = run_in_process(job, runs_dir, values)
-    curve = [(row["virtual_time"], row["accuracy"]) for row in read_jsonl(folder / "metrics.jsonl")]
+    curve = reproduce.curve(folder, "accuracy")
     kappas = [u["kappa"] for u in read_jsonl(folder / "updates.jsonl") if "kappa" in u]
     return {
         **result,
@@ -274,40 +276,25 @@ def as_run(result: dict[str, Any]) -> Run:
 
 
 def plot_curves(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(ALPHAS), figsize=(5 * len(ALPHAS), 4), sharey=True)
-    for ax, alpha in zip(axes, ALPHAS, strict=True):
-        groups = [
-            Group(method, [as_run(r) for r in rows])
-            for method in METHODS
-            if (rows := matching(results, method=method, alpha=alpha))
-        ]
-        plot_accuracy(ax, groups)
-        ax.set_title(f"Fashion-MNIST, Dir({alpha})")
-    axes[0].set_ylabel("test accuracy")
-    axes[-1].legend(*axes[0].get_legend_handles_labels())  # a partial grid may lack alpha 1.0
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(ALPHAS), 5, sharey=True) as (_, axes):
+        for ax, alpha in zip(axes, ALPHAS, strict=True):
+            groups = [
+                Group(method, [as_run(r) for r in rows])
+                for method in METHODS
+                if (rows := matching(results, method=method, alpha=alpha))
+            ]
+            plot_accuracy(ax, groups)
+            ax.set_title(f"Fashion-MNIST, Dir({alpha})")
+        axes[0].set_ylabel("test accuracy")
+        axes[-1].legend(*axes[0].get_legend_handles_labels())  # a partial grid may lack 1.0
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=[*SUITES, "all"], default="table1")
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--days", type=float, default=0.25, help="virtual days per run")
     parser.add_argument("--seeds", type=int, default=1)
     parser.add_argument("--full", action="store_true", help="the paper's budget: 10 days, 3 seeds")
-    parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce-fedpsa"))
     parser.add_argument(
         "--methods", default=",".join(METHODS), help=f"a comma-separated subset of {METHODS}"
-    )
-    parser.add_argument(
-        "--report", action="store_true", help="only write the tables of the runs already done"
     )
     parser.add_argument(
         "--server-step",
@@ -315,32 +302,66 @@ def main() -> None:
         default="spec",
         help="buffered rules' server step: as the papers write it, or FLGo's (x client lr)",
     )
-    args = parser.parse_args()
-    methods = args.methods.split(",")
-    if unknown := set(methods) - set(METHODS):
+
+
+def check(args: Options, parser: argparse.ArgumentParser) -> None:
+    if unknown := set(args.methods.split(",")) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {','.join(METHODS)}")
-    days, seeds = (10.0, 3) if args.full else (args.days, args.seeds)
-    budget = days * DAY
+    if args.full:
+        args.days, args.seeds = 10.0, 3
+    args.budget = args.days * DAY
+
+
+def output(args: Options) -> Path:
     step = "" if args.server_step == "spec" else f"-{args.server_step}"
-    out = args.out / f"{days:g}d-{seeds}seeds{step}"
-    out.mkdir(parents=True, exist_ok=True)
-    suites = list(SUITES) if args.suite == "all" else [args.suite]
-    for suite in suites:
-        jobs = [
+    return args.out / f"{args.days:g}d-{args.seeds}seeds{step}"
+
+
+def suite(name: str) -> Suite:
+    def jobs(args: Options) -> list[Job]:
+        methods = args.methods.split(",")
+        return [
             replace(job, config={**job.config, "server-step": args.server_step})
-            for job in SUITES[suite](budget, seeds)
+            for job in SUITES[name](args.budget, args.seeds)
             if job.labels.get("method", "fedpsa") in methods
         ]
-        print(f"{suite}: {len(jobs)} runs of {days:g} virtual days on {args.workers} workers")
-        runner = partial(run_job, budget=budget)
-        results = finished(jobs, out) if args.report else run_all(jobs, runner, out, args.workers)
-        markdown = MARKDOWN[suite](results, budget)
-        (out / f"{suite}.md").write_text(markdown + "\n")
-        print(markdown)
-        if suite == "table1":
-            plot_curves(results, out / "accuracy.png")
-    print(f"results in {out}")
+
+    plot = plot_curves if name == "table1" else None
+    return Suite(
+        jobs,
+        lambda results, args: MARKDOWN[name](results, args.budget),
+        f"{name}.md",
+        plot,
+        "accuracy.png",
+        plot_empty=True,
+    )
+
+
+def runner(args: Options) -> Runner:
+    return partial(run_job, budget=args.budget)
+
+
+def announce(name: str, jobs: list[Job], args: Options) -> str:
+    return f"{name}: {len(jobs)} runs of {args.days:g} virtual days on {args.workers} workers"
+
+
+def closing(results: list[Result], out: Path, wall_minutes: float) -> str:
+    return f"results in {out}"
+
+
+FEDPSA = Paper(
+    description=__doc__ or "",
+    suites={name: suite(name) for name in SUITES},
+    default_suite="table1",
+    default_out=Path("runs/reproduce-fedpsa"),
+    runner=runner,
+    announce=announce,
+    closing=closing,
+    options=options,
+    out=output,
+    check=check,
+)
 
 
 if __name__ == "__main__":
-    main()
+    reproduce.main(FEDPSA)

@@ -28,13 +28,14 @@ import argparse
 import math
 import re
 import statistics
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, matching, run_all, run_in_process, table_head
-from launcher.analysis import first_reach, mean_std
+from bench import reproduce
+from bench.grid import Job, Runner, finals, matching, run_in_process, table_head
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve, run_hours
+from launcher.analysis import mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
 METHODS = {
@@ -168,11 +169,10 @@ def run_job(job: Job, runs_dir: str, aggregations: int) -> dict[str, Any]:
     values = {**PROTOCOL, **job.config, "max-updates": aggregations * k}
     values["eval-interval"] = expected_length(values) / EVALUATIONS
     result, folder = run_in_process(job, runs_dir, values)
-    rows = read_jsonl(folder / "metrics.jsonl")
     updates = [u for u in read_jsonl(folder / "updates.jsonl") if "type" in u]
     return {
         **result,
-        "curve": [(r["virtual_time"], r["accuracy"]) for r in rows],
+        "curve": reproduce.curve(folder, "accuracy"),
         "types": [(u["time"], u["type"], u["lr"]) for u in updates],
     }
 
@@ -190,8 +190,7 @@ def oscillation(result: dict[str, Any]) -> float:
 
 def time_to(result: dict[str, Any], target: float) -> float | None:
     """Virtual time of the first evaluation at or above `target` (%), or None."""
-    times, accuracies = zip(*result["curve"], strict=True)
-    return first_reach(times, [100 * a for a in accuracies], target)
+    return reproduce.time_to(result, target, scale=100)
 
 
 def main_table(results: list[dict[str, Any]], aggregations: int) -> str:
@@ -330,24 +329,16 @@ TABLES = {"main": main_table, "ablation": ablation_table, "robustness": robustne
 def plot(results: list[dict[str, Any]], path: Path, key: str) -> None:
     """Accuracy per run group (by `key`), one panel per alpha, and FedQS's type mix and mean
     lr over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     alphas = sorted({r.get("alpha", 0.1) for r in results})
-    fig, axes = plt.subplots(1, len(alphas) + 2, figsize=(5.5 * (len(alphas) + 2), 4))
-    for acc, alpha in zip(axes, alphas, strict=False):
-        plot_accuracy(acc, [r for r in results if r.get("alpha", 0.1) == alpha], key)
-        acc.set_title(f"alpha {alpha}")
-    typed = next((r for r in results if r["types"]), None)
-    if typed is not None:
-        plot_types(axes[-2], axes[-1], typed)
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(alphas) + 2, 5.5) as (_, axes):
+        for acc, alpha in zip(axes, alphas, strict=False):
+            plot_accuracy(acc, [r for r in results if r.get("alpha", 0.1) == alpha], key)
+            acc.set_title(f"alpha {alpha}")
+        typed = next((r for r in results if r["types"]), None)
+        if typed is not None:
+            plot_types(axes[-2], axes[-1], typed)
+        for ax in axes:
+            ax.grid(alpha=0.3)
 
 
 def plot_accuracy(acc: Any, results: list[dict[str, Any]], key: str) -> None:
@@ -357,10 +348,7 @@ def plot_accuracy(acc: Any, results: list[dict[str, Any]], key: str) -> None:
     for result in results:
         groups.setdefault(str(result[key]), []).append(result)
     for label, rows in groups.items():
-        length = min(len(r["curve"]) for r in rows)
-        times = [rows[0]["curve"][i][0] for i in range(length)]
-        mean = [statistics.mean(r["curve"][i][1] for r in rows) for i in range(length)]
-        acc.plot(times, mean, linewidth=1.0, label=f"{label} (n={len(rows)})")
+        acc.plot(*mean_curve(rows), linewidth=1.0, label=f"{label} (n={len(rows)})")
     ends = [r["curve"][-1][0] for r in results]
     if max(ends) > 3 * min(ends):
         acc.set_xscale("symlog", linthresh=10)
@@ -393,37 +381,43 @@ def plot_types(mix: Any, rate: Any, result: dict[str, Any], bins: int = 40) -> N
     rate.set_ylabel("lr")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", choices=[*SUITES, "all"], default="main")
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds of FedQS and SAFL")
     parser.add_argument("--seeds-all", type=int, default=1, help="seeds of everything else")
-    parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce-fedqs"))
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
-    parser.add_argument("--report", action="store_true", help="tables of the runs already done")
-    args = parser.parse_args()
-    out = args.out / f"{args.aggregations}agg"
-    out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    for suite in list(SUITES) if args.suite == "all" else [args.suite]:
-        jobs = SUITES[suite](args.seeds, args.seeds_all)
-        print(f"{suite}: {len(jobs)} runs on {args.workers} workers", flush=True)
-        if args.report:
-            results = finished(jobs, out)
-        else:
-            runner = partial(run_job, aggregations=args.aggregations)
-            results = run_all(jobs, runner, out, args.workers)
-        table = TABLES[suite](results, args.aggregations)
-        (out / f"{suite}.md").write_text(table + "\n")
-        key = {"main": "method", "ablation": "variant", "robustness": "setting"}[suite]
-        if results:
-            plot(results, out / f"{suite}.png", key)
-        print(table)
-        hours = sum(r["seconds"] for r in results) / 3600
-        print(f"{len(results)} runs, {hours:.2f} h of run time in all")
-    print(f"{(time.monotonic() - started) / 60:.1f} min wall in this invocation; {out}")
+
+
+def runner(args: Options) -> Runner:
+    return partial(run_job, aggregations=args.aggregations)
+
+
+def suite(name: str, key: str) -> Suite:
+    return Suite(
+        lambda args: SUITES[name](args.seeds, args.seeds_all),
+        lambda results, args: TABLES[name](results, args.aggregations),
+        f"{name}.md",
+        lambda results, path: plot(results, path, key),
+        f"{name}.png",
+    )
+
+
+FEDQS = Paper(
+    description=__doc__ or "",
+    suites={
+        "main": suite("main", "method"),
+        "ablation": suite("ablation", "variant"),
+        "robustness": suite("robustness", "setting"),
+    },
+    default_suite="main",
+    default_out=Path("runs/reproduce-fedqs"),
+    runner=runner,
+    announce=lambda suite, jobs, args: f"{suite}: {len(jobs)} runs on {args.workers} workers",
+    tally=run_hours,
+    closing=lambda _, out, minutes: f"{minutes:.1f} min wall in this invocation; {out}",
+    options=options,
+    out=lambda args: args.out / f"{args.aggregations}agg",
+)
 
 
 if __name__ == "__main__":
-    main()
+    reproduce.main(FEDQS)

@@ -32,12 +32,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finals, finished, matching, run_all, run_in_process, table_head
-from launcher.analysis import first_reach, mean_std
+from bench import reproduce
+from bench.grid import Job, finals, matching, run_in_process, table_head
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve, run_hours
+from launcher.analysis import mean_std
 
 DATA = {
     "fmnist-linear": {"dataset": "fmnist", "model": "linear"},
@@ -142,17 +143,8 @@ def sweep_jobs(suite: str, data: list[str], seeds: int) -> list[Job]:
 
 def run_job(job: Job, runs_dir: str) -> dict[str, Any]:
     """One run in this (worker) process; its summary and accuracy curve."""
-    from server_app.results import read_jsonl
-
     result, folder = run_in_process(job, runs_dir, {**PROTOCOL, **job.config})
-    rows = read_jsonl(folder / "metrics.jsonl")
-    return {**result, "curve": [(r["virtual_time"], r["accuracy"]) for r in rows]}
-
-
-def time_to(result: dict[str, Any], target: float) -> float | None:
-    """Virtual time of the first evaluation at or above `target` (a fraction), or None."""
-    times, accuracies = zip(*result["curve"], strict=True)
-    return first_reach(times, accuracies, target)
+    return {**result, "curve": reproduce.curve(folder, "accuracy")}
 
 
 def target_of(reference: list[dict[str, Any]]) -> float | None:
@@ -166,7 +158,7 @@ def times_cell(rows: list[dict[str, Any]], target: float | None) -> str:
     """Mean ± std of the time to target, with how many runs reached it when not all."""
     if target is None or not rows:
         return "-"
-    reached = [t for t in (time_to(r, target) for r in rows) if t is not None]
+    reached = [t for t in (reproduce.time_to(r, target) for r in rows) if t is not None]
     text = mean_std(reached, digits=1) if reached else "never"
     return text if len(reached) == len(rows) else f"{text} ({len(reached)}/{len(rows)})"
 
@@ -255,77 +247,79 @@ def sweep_table(results: list[dict[str, Any]], suite: str) -> str:
 
 def plot(results: list[dict[str, Any]], path: Path, key: str) -> None:
     """Mean accuracy over seeds against virtual time, one panel per data setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     names = [n for n in DATA if matching(results, data=n)]
-    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
-    for ax, name in zip(axes[0], names, strict=True):
-        groups: dict[str, list[dict[str, Any]]] = {}
-        for result in matching(results, data=name):
-            label = result["method"] + (f" {key}={result['value']:g}" if key else "")
-            groups.setdefault(label, []).append(result)
-        for label, rows in groups.items():
-            length = min(len(r["curve"]) for r in rows)
-            times = [rows[0]["curve"][i][0] for i in range(length)]
-            mean = [statistics.mean(r["curve"][i][1] for r in rows) for i in range(length)]
-            style = "--" if label.startswith("hierfedavg") else "-"
-            ax.plot(times, mean, style, label=label, linewidth=1.0)
-        ax.set_title(name)
-        ax.set_xlabel("virtual time")
-        ax.set_ylabel("test accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(names), 6, squeeze=False) as (_, axes):
+        for ax, name in zip(axes[0], names, strict=True):
+            groups: dict[str, list[dict[str, Any]]] = {}
+            for result in matching(results, data=name):
+                label = result["method"] + (f" {key}={result['value']:g}" if key else "")
+                groups.setdefault(label, []).append(result)
+            for label, rows in groups.items():
+                style = "--" if label.startswith("hierfedavg") else "-"
+                ax.plot(*mean_curve(rows), style, label=label, linewidth=1.0)
+            ax.set_title(name)
+            ax.set_xlabel("virtual time")
+            ax.set_ylabel("test accuracy")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=6)
 
 
-def jobs_of(suite: str, data: list[str], seeds: int, seeds_all: int) -> list[Job]:
-    if suite == "table2":
-        return table2_jobs(data, seeds, seeds_all)
-    return sweep_jobs(suite, data, seeds)
+DEFAULT_DATA = {
+    "table2": ["fmnist-linear", "fmnist-cnn", "digits"],
+    "offline": ["fmnist-linear", "fmnist-linear-dir0.5"],
+    "edge-rounds": ["fmnist-linear"],
+}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    suites = ("table2", "offline", "edge-rounds")
-    parser.add_argument("--suite", choices=[*suites, "all"], default="table2")
+def data_of(args: Options, suite: str) -> list[str]:
+    return args.data.split(",") if args.data else DEFAULT_DATA[suite]
+
+
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", default="", help=f"comma-separated subset of {','.join(DATA)}")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of MAFSA and HierFedAvg(p)")
     parser.add_argument("--seeds-all", type=int, default=1, help="seeds of ideal HierFedAvg")
-    parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce-mafsa"))
-    parser.add_argument("--report", action="store_true", help="tables of the runs already done")
-    args = parser.parse_args()
-    default = {
-        "table2": ["fmnist-linear", "fmnist-cnn", "digits"],
-        "offline": ["fmnist-linear", "fmnist-linear-dir0.5"],
-        "edge-rounds": ["fmnist-linear"],
-    }
+
+
+def check(args: Options, parser: argparse.ArgumentParser) -> None:
     chosen = args.data.split(",") if args.data else []
     if unknown := set(chosen) - set(DATA):
         parser.error(f"unknown data {sorted(unknown)}; choose from {','.join(DATA)}")
-    args.out.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    for suite in suites if args.suite == "all" else (args.suite,):
-        jobs = jobs_of(suite, chosen or default[suite], args.seeds, args.seeds_all)
-        print(f"{suite}: {len(jobs)} runs on {args.workers} workers", flush=True)
-        if args.report:
-            results = finished(jobs, args.out)
-        else:
-            results = run_all(jobs, run_job, args.out, args.workers)
-        table = table2(results) if suite == "table2" else sweep_table(results, suite)
-        (args.out / f"{suite}.md").write_text(table + "\n")
-        if results:
-            plot(results, args.out / f"{suite}.png", "" if suite == "table2" else "value")
-        print(table)
-        hours = sum(r["seconds"] for r in results) / 3600
-        print(f"{len(results)} runs, {hours:.2f} h of run time in all", flush=True)
-    print(f"{(time.monotonic() - started) / 60:.1f} min wall in this invocation; {args.out}")
+
+
+def sweep(suite: str) -> Suite:
+    return Suite(
+        lambda args: sweep_jobs(suite, data_of(args, suite), args.seeds),
+        lambda results, _: sweep_table(results, suite),
+        f"{suite}.md",
+        lambda results, path: plot(results, path, "value"),
+        f"{suite}.png",
+    )
+
+
+MAFSA = Paper(
+    description=__doc__ or "",
+    suites={
+        "table2": Suite(
+            lambda args: table2_jobs(data_of(args, "table2"), args.seeds, args.seeds_all),
+            lambda results, _: table2(results),
+            "table2.md",
+            lambda results, path: plot(results, path, ""),
+            "table2.png",
+        ),
+        "offline": sweep("offline"),
+        "edge-rounds": sweep("edge-rounds"),
+    },
+    default_suite="table2",
+    default_out=Path("runs/reproduce-mafsa"),
+    runner=lambda _: run_job,
+    announce=lambda suite, jobs, args: f"{suite}: {len(jobs)} runs on {args.workers} workers",
+    tally=run_hours,
+    closing=lambda _, out, minutes: f"{minutes:.1f} min wall in this invocation; {out}",
+    options=options,
+    check=check,
+)
 
 
 if __name__ == "__main__":
-    main()
+    reproduce.main(MAFSA)

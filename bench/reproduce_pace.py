@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from bench.grid import Job, finished, matching, run_all, run_in_process, table_head
-from launcher.analysis import first_reach, mean_std
+from bench import reproduce
+from bench.grid import Job, Runner, matching, run_in_process, table_head
+from bench.reproduce import Options, Paper, Result, Suite, figure, mean_curve
+from launcher.analysis import mean_std
 
 PARTITIONS = {
     "dir0.1": {
@@ -116,13 +117,9 @@ def jobs_for(methods: list[str], seeds: int, seeds_all: int) -> list[Job]:
 
 def run_job(job: Job, runs_dir: str, updates: int) -> dict[str, Any]:
     """One run in this (worker) process; its summary and mean-client-accuracy curve."""
-    from server_app.results import read_jsonl
-
     values = {**PROTOCOL, **job.config, "max-updates": updates}
     result, folder = run_in_process(job, runs_dir, values)
-    rows = read_jsonl(folder / "metrics.jsonl")
-    curve = [(r["virtual_time"], r["accuracy"], r["accuracy_std"]) for r in rows]
-    return {**result, "curve": curve}
+    return {**result, "curve": reproduce.curve(folder, "accuracy", "accuracy_std")}
 
 
 def cell(results: list[dict[str, Any]], method: str, part: str) -> list[float]:
@@ -142,8 +139,7 @@ def communication(result: dict[str, Any]) -> int:
 
 def time_to(result: dict[str, Any], target: float) -> float | None:
     """Virtual time of the first evaluation at or above `target` (%), or None."""
-    times, accuracies, _ = zip(*result["curve"], strict=True)
-    return first_reach(times, [100 * a for a in accuracies], target)
+    return reproduce.time_to(result, target, scale=100)
 
 
 def main_table(results: list[dict[str, Any]], updates: int) -> str:
@@ -232,65 +228,76 @@ def fig5_table(results: list[dict[str, Any]], updates: int) -> str:
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(PARTITIONS), figsize=(6 * len(PARTITIONS), 4), sharey=True)
-    for ax, part in zip(axes, PARTITIONS, strict=True):
-        for method in (*MAIN, "pace-buffer", "pace-buffer-multicast"):
-            rows = matching(results, method=method, partition=part)
-            if not rows:
-                continue
-            length = min(len(r["curve"]) for r in rows)
-            times = [rows[0]["curve"][i][0] for i in range(length)]
-            mean = [statistics.mean(r["curve"][i][1] for r in rows) for i in range(length)]
-            style = "--" if method.startswith("pace-") else "-"
-            ax.plot(times, mean, style, label=method, linewidth=1.2)
-        ax.set_title(f"Fashion-MNIST, {part}")
-        ax.set_xlabel("virtual time")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("mean client accuracy")
-    handles, labels = max((ax.get_legend_handles_labels() for ax in axes), key=lambda h: len(h[0]))
-    axes[-1].legend(handles, labels, fontsize=8)  # a partial grid may lack one partition
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    with figure(path, len(PARTITIONS), 6, sharey=True) as (_, axes):
+        for ax, part in zip(axes, PARTITIONS, strict=True):
+            for method in (*MAIN, "pace-buffer", "pace-buffer-multicast"):
+                rows = matching(results, method=method, partition=part)
+                if rows:
+                    style = "--" if method.startswith("pace-") else "-"
+                    ax.plot(*mean_curve(rows), style, label=method, linewidth=1.2)
+            ax.set_title(f"Fashion-MNIST, {part}")
+            ax.set_xlabel("virtual time")
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("mean client accuracy")
+        handles, labels = max(
+            (ax.get_legend_handles_labels() for ax in axes), key=lambda h: len(h[0])
+        )
+        axes[-1].legend(handles, labels, fontsize=8)  # a partial grid may lack one partition
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=2000, help="arrivals per run")
     parser.add_argument("--seeds", type=int, default=3, help="seeds of PACE and pFedGraph-Async")
     parser.add_argument("--seeds-all", type=int, default=1, help="seeds of every other method")
-    parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
     parser.add_argument("--methods", default=",".join(METHODS), help="a comma-separated subset")
-    parser.add_argument("--out", type=Path, default=Path("runs/reproduce-pace"))
-    parser.add_argument("--report", action="store_true", help="tables of the runs already done")
-    args = parser.parse_args()
-    methods = args.methods.split(",")
-    if unknown := set(methods) - set(METHODS):
+
+
+def check(args: Options, parser: argparse.ArgumentParser) -> None:
+    if unknown := set(args.methods.split(",")) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {','.join(METHODS)}")
-    out = args.out / f"{args.updates}u"
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_for(methods, args.seeds, args.seeds_all)
-    print(f"{len(jobs)} runs of {args.updates} arrivals on {args.workers} workers", flush=True)
-    started = time.monotonic()
-    if args.report:
-        results = finished(jobs, out)
-    else:
-        results = run_all(jobs, partial(run_job, updates=args.updates), out, args.workers)
-    tables = main_table(results, args.updates) + "\n\n" + fig5_table(results, args.updates)
-    (out / "table.md").write_text(tables + "\n")
-    plot(results, out / "accuracy.png")
-    print(tables)
-    run_seconds = sum(r["seconds"] for r in results)
-    print(
-        f"{len(results)} runs, {run_seconds / 60:.1f} min of run time in all "
-        f"({(time.monotonic() - started) / 60:.1f} min wall in this invocation); results in {out}"
+
+
+def tables(results: list[Result], args: Options) -> str:
+    return main_table(results, args.updates) + "\n\n" + fig5_table(results, args.updates)
+
+
+def closing(results: list[Result], out: Path, wall_minutes: float) -> str:
+    run_minutes = sum(r["seconds"] for r in results) / 60
+    return (
+        f"{len(results)} runs, {run_minutes:.1f} min of run time in all "
+        f"({wall_minutes:.1f} min wall in this invocation); results in {out}"
     )
 
 
+def runner(args: Options) -> Runner:
+    return partial(run_job, updates=args.updates)
+
+
+PACE = Paper(
+    description=__doc__ or "",
+    suites={
+        "main": Suite(
+            lambda args: jobs_for(args.methods.split(","), args.seeds, args.seeds_all),
+            tables,
+            "table.md",
+            plot,
+            "accuracy.png",
+            plot_empty=True,
+        )
+    },
+    default_suite="main",
+    default_out=Path("runs/reproduce-pace"),
+    runner=runner,
+    announce=lambda _, jobs, args: (
+        f"{len(jobs)} runs of {args.updates} arrivals on {args.workers} workers"
+    ),
+    closing=closing,
+    options=options,
+    out=lambda args: args.out / f"{args.updates}u",
+    check=check,
+    suite_choice=False,
+)
+
+
 if __name__ == "__main__":
-    main()
+    reproduce.main(PACE)

@@ -1,0 +1,86 @@
+"""The reproduction driver: each paper's report over the runs recorded in bench/results
+(the published tables come from these), and the driver's own flow on a tiny paper."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from bench import reproduce
+from bench.grid import Job
+from bench.reproduce import Paper, Suite
+from bench.reproduce_fedqs import FEDQS
+from bench.reproduce_mafsa import MAFSA
+from bench.reproduce_pace import PACE
+
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
+
+
+@pytest.mark.parametrize(
+    ("paper", "recorded", "sub", "flags", "row"),
+    [
+        (PACE, "reproduce-pace-2000u.jsonl", "2000u", (), "| pace | 93.94 ± 1.37 (n=3) | 95.90"),
+        (MAFSA, "reproduce-mafsa.jsonl", "", ("--suite", "table2"), "| digits | mafsa-p | 85.74"),
+        (FEDQS, "reproduce-fedqs-400agg.jsonl", "400agg", (), "| fedqs-sgd |"),
+    ],
+)
+def test_a_paper_reports_its_recorded_runs(
+    paper: Paper,
+    recorded: str,
+    sub: str,
+    flags: tuple[str, ...],
+    row: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    folder = tmp_path / sub if sub else tmp_path
+    folder.mkdir(parents=True, exist_ok=True)
+    shutil.copy(RESULTS / recorded, folder / "results.jsonl")
+    reproduce.main(paper, ["--report", "--out", str(tmp_path), *flags])
+    printed = capsys.readouterr().out
+    assert row in printed
+    written = {p.name for p in folder.iterdir()}
+    assert {"results.jsonl"} < written and any(name.endswith(".md") for name in written)
+    assert any(name.endswith(".png") for name in written)
+
+
+def tiny_paper(ran: list[str]) -> Paper:
+    def jobs(options: object) -> list[Job]:
+        return [Job(f"job-{i}", {"suite": "only", "i": i}, {}) for i in range(3)]
+
+    def table(results: list[dict], options: object) -> str:
+        return "| " + " | ".join(r["name"] for r in results) + " |"
+
+    return Paper(
+        description="A tiny paper.",
+        suites={"only": Suite(jobs, table, "only.md")},
+        default_suite="only",
+        default_out=Path("unused"),
+        runner=lambda options: ran.append,  # never called with --report
+        announce=lambda name, jobs, options: f"{name}: {len(jobs)} runs",
+        closing=lambda results, out, minutes: f"{len(results)} done in {out.name}",
+    )
+
+
+def test_report_tabulates_only_the_runs_results_jsonl_holds(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    done = [{"name": "job-2", "seconds": 1.0}, {"name": "job-0", "seconds": 2.0}]
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in done))
+    ran: list[str] = []
+    reproduce.main(tiny_paper(ran), ["--report", "--out", str(tmp_path)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines == ["only: 3 runs", "| job-0 | job-2 |", f"2 done in {tmp_path.name}"]
+    assert (tmp_path / "only.md").read_text() == "| job-0 | job-2 |\n" and not ran
+
+
+def test_a_curve_reaches_a_target_in_percent_or_as_a_fraction() -> None:
+    result = {"curve": [(0.0, 0.1), (5.0, 0.5), (9.0, 0.8)]}
+    assert reproduce.time_to(result, 0.5) == 5.0
+    assert reproduce.time_to(result, 79.0, scale=100) == 9.0
+    assert reproduce.time_to(result, 0.9) is None
+    times, mean = reproduce.mean_curve([result, {"curve": [(0.0, 0.3), (5.0, 0.7)]}])
+    assert times == [0.0, 5.0] and mean == pytest.approx([0.2, 0.6])
