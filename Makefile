@@ -50,7 +50,7 @@ demo: setup data
 test: setup data tools
 	$(BIN)/python -m pytest -q
 
-# The suite under kernel settings that change the numerics on an x86 box (README, Golden
+# The suite under kernel settings that change the numerics on an x86 box (docs/testing.md, Golden
 # runs on any CPU): each must pass as the default does.
 KERNEL_SETTINGS = "ATEN_CPU_CAPABILITY=default OMP_NUM_THREADS=1" \
 	"ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2" "OPENBLAS_CORETYPE=Haswell"

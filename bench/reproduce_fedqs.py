@@ -6,7 +6,7 @@ robustness, ablations) on Fashion-MNIST, regenerated.
     python -m bench.reproduce_fedqs --suite robustness  # 50 clients at 1:20, 200 at 1:100
     python -m bench.reproduce_fedqs --report            # tables of the runs already done
 
-Protocol (papers/fedqs-summary.md; the authors' conf: their data is CIFAR-10 with
+Protocol (the FedQS paper, NeurIPS 2025, and the authors' conf: their data is CIFAR-10 with
 ResNet-18, not trainable here at their budget): Fashion-MNIST, per-class Dirichlet 0.1 /
 0.5 / 1.0 over 100 clients, all training at once, each with a fixed period uniform in
 [1, 50] virtual units (1:50); K = 10; pFedGraph's CNN (LeNet-5); 2 local epochs, batch 50,

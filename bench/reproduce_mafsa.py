@@ -12,13 +12,13 @@ Protocol (paper Sec. 5.1; its data is MNIST and CIFAR-10, not available here): o
 LeNet-5 (the paper's "Lenet"), and scikit-learn's digits with the MLP; labels IID, client
 sizes from a Dirichlet(1) (`quantity-dirichlet`, HierFL's split); each local update is
 T_c = 60 SGD steps of batch 20, lr 0.01 x 0.995 per local epoch the client has run (SGD:
-ALGORITHMS.md's rule; the paper's text names Adam); each client offline at a round's
+docs/algorithms.md's rule; the paper's text names Adam); each client offline at a round's
 start with probability p (seeded: the same pattern for both rules). A client's local
 update takes U(1, 2) virtual units (drawn once per client), times its edge's slowdown.
 Budget: 100 edge rounds of the slowest edge in virtual time (100 x 2 x slowest factor).
 Table 2 uses edges of equal speed; the sweeps use slowdowns 1, 1, 2, 2, 4 so that the
 cloud's asynchrony matters. The offline sweep also runs with non-IID labels (Hsu
-Dirichlet 0.5, equal client sizes: ALGORITHMS.md's non-IID setting). Metrics: final
+Dirichlet 0.5, equal client sizes: docs/algorithms.md's non-IID setting). Metrics: final
 accuracy of the cloud model on the test set, acc-std (population std of all the run's
 evaluations), virtual time to the target (95% of ideal HierFedAvg's mean final accuracy in
 the same setting).
@@ -44,7 +44,7 @@ DATA = {
     "fmnist-linear": {"dataset": "fmnist", "model": "linear"},
     "fmnist-cnn": {"dataset": "fmnist", "model": "lenet"},
     "digits": {"dataset": "digits", "model": "mlp"},
-    # labels non-IID too (ALGORITHMS.md: label Dirichlet 0.5 for the non-IID runs)
+    # labels non-IID too (docs/algorithms.md: label Dirichlet 0.5 for the non-IID runs)
     "fmnist-linear-dir0.5": {
         "dataset": "fmnist",
         "model": "linear",

@@ -1,4 +1,4 @@
-"""FedPSA's shared calibration batch D_b (papers/fedpsa.md Sec. 5.2; the Table 5 ablation).
+"""FedPSA's shared calibration batch D_b (FedPSA paper Sec. 5.2; the Table 5 ablation).
 
 - `gaussian` (default): i.i.d. N(0, 1) inputs of the model's input shape with uniformly
   random labels, generated from a seed, so only the seed travels.

@@ -1,4 +1,4 @@
-"""FedPSA's behavioural signal (papers/fedpsa.md, Sec. 5.2 and 5.4).
+"""FedPSA's behavioural signal (FedPSA paper, Sec. 5.2 and 5.4).
 
 - Calibration batch D_b: B samples shared by every client and the server
   (common/calibration.py: Gaussian from a seed by default, or a real held-out batch).

@@ -1,4 +1,4 @@
-"""FedPSA (papers/fedpsa.md, Algorithm 1, eq. 3-20): behavioural staleness.
+"""FedPSA (Lu et al., Algorithm 1, eq. 3-20; docs/algorithms.md): behavioural staleness.
 
 Clients send their delta and a k-float sketch of their parameter sensitivity on a shared
 calibration batch (eq. 8, 11). The server keeps a buffer of L_s updates and a thermometer
@@ -48,7 +48,7 @@ class FedPSAParams(KebabModel):
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
-    """Eq. 12, both norms clamped at >= 1e-12 (ALGORITHMS.md)."""
+    """Eq. 12, both norms clamped at >= 1e-12 (docs/algorithms.md)."""
     norm = max(float(np.linalg.norm(a)), 1e-12) * max(float(np.linalg.norm(b)), 1e-12)
     return float(np.dot(a, b) / norm)
 

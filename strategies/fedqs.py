@@ -1,5 +1,5 @@
-"""FedQS: semi-asynchronous FL with client-type adaptation (papers/fedqs-summary.md; the
-exact rule is ALGORITHMS.md's FedQS section, after the authors' `_multi` code).
+"""FedQS: semi-asynchronous FL with client-type adaptation (NeurIPS 2025;
+the exact rule is docs/algorithms.md's FedQS section, after the authors' `_multi` code).
 
 The rule's pieces as plain functions: the similarity computed at dispatch, the four client
 types, their lr / momentum actions and the feedback-weighted aggregation; each is

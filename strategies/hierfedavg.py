@@ -1,4 +1,4 @@
-"""HierFedAvg (HierFL, Liu et al. 2020; MAFSA's baseline, papers/mafsa.txt Sec. 5.1): the
+"""HierFedAvg (HierFL, Liu et al. 2020; MAFSA's baseline, the MAFSA paper's Sec. 5.1): the
 client-edge-cloud hierarchy synchronous at both levels. Each edge runs `mafsa-edge-rounds`
 FedAvg rounds over its online clients (a dropped client simply misses the round), uploads,
 and waits; when every edge has uploaded, the cloud model is the data-weighted average

@@ -1,4 +1,4 @@
-"""PACE (papers/pace.md, Algorithm 1, eq. 2, 5-11, 15, 16) and pFedGraph-Async.
+"""PACE (Liu et al., Algorithm 1, eq. 2, 5-11, 15, 16; docs/algorithms.md) and pFedGraph-Async.
 
 Personalised, asynchronous collaboration-based FL. The server keeps a buffer model phi_j
 for every client, the collaboration graph W (n x n, rows on the simplex, initially every

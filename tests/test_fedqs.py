@@ -1,4 +1,4 @@
-"""FedQS's rules against values worked by hand (ALGORITHMS.md, FedQS section)."""
+"""FedQS's rules against values worked by hand (docs/algorithms.md, FedQS)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""MAFSA's math (ALGORITHMS.md, MAFSA section) against values worked by hand."""
+"""MAFSA's math (docs/algorithms.md, MAFSA) against values worked by hand."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""PACE and pFedGraph-Async (ALGORITHMS.md, PACE section) against values worked by hand."""
+"""PACE and pFedGraph-Async (docs/algorithms.md, PACE) against values worked by hand."""
 
 from __future__ import annotations
 

@@ -1,48 +1,73 @@
-"""The README's "Writing a strategy" example is a working rule: run it in-process."""
+"""The README's "Writing a strategy" example is a working rule with a client-side signal:
+saved as a module of its own and registered with one line, it runs end to end."""
 
 from __future__ import annotations
 
+import importlib
 import re
+import sys
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
 
+from common.schema import InvalidReply
 from launcher.local import local_transport
 from server_app.experiment import run_experiment
 from server_app.results import read_jsonl
-from strategies.base import View
-from strategies.registry import STRATEGIES, load_config
+from strategies.base import Update, View
+from strategies.registry import STRATEGIES, client_rules, load_config
 from tests.helpers import run_config, update
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
 
-def readme_rule() -> type:
-    text = README.read_text()
-    section = text.split("## Writing a strategy", 1)[1]
+@pytest.fixture
+def capped_mean(tmp_path: Path) -> Iterator[ModuleType]:
+    """The README's block, saved as strategies-to-be `capped_mean.py` in a folder of its own."""
+    section = README.read_text().split("## Writing a strategy", 1)[1]
     code = re.search(r"```python\n(.*?)```", section, re.S)
     assert code is not None, "the README's strategy example is gone"
-    namespace: dict = {}
-    exec(compile(code.group(1), "README.md", "exec"), namespace)
-    return namespace["CappedMean"]
+    (tmp_path / "capped_mean.py").write_text(code.group(1))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        yield importlib.import_module("capped_mean")
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("capped_mean", None)
 
 
-def test_the_readme_rule_does_what_its_docstring_says() -> None:
-    rule = readme_rule()
+def noted(vector: list[float], staleness: int = 0) -> Update:
+    """An update whose client reported its true norm."""
+    plain = update(vector, staleness=staleness)
+    norm = float(np.linalg.norm(np.asarray(vector, dtype=np.float64)))
+    return replace(plain, signals={"delta-norm": norm})
+
+
+def test_the_readme_rule_does_what_its_docstring_says(capped_mean: ModuleType) -> None:
+    rule = capped_mean.CappedMean
     strategy = rule(run_config(buffer_size=2), rule.Params(), np.zeros(2))
     view = View(version=5)
-    dropped = strategy.on_update(update([9.0, 9.0], staleness=5), view)
+    dropped = strategy.on_update(noted([9.0, 9.0], staleness=5), view)
     assert not dropped.changed and dropped.records[0]["weight"] == 0.0
-    assert not strategy.on_update(update([1.0, 2.0], staleness=4), view).changed
-    outcome = strategy.on_update(update([3.0, 0.0], staleness=0), view)
+    assert not strategy.on_update(noted([1.0, 2.0], staleness=4), view).changed
+    outcome = strategy.on_update(noted([3.0, 0.0]), view)
     assert outcome.changed and [r["weight"] for r in outcome.records] == [0.5, 0.5]
+    assert [r["norm"] for r in outcome.records] == pytest.approx([5**0.5, 3.0])
     np.testing.assert_allclose(strategy.model, [2.0, 1.0])
+    with pytest.raises(InvalidReply, match="reported"):
+        strategy.validate(replace(noted([3.0, 4.0]), signals={"delta-norm": 4.0}))
 
 
-def test_the_readme_rule_runs_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    rule = readme_rule()
-    monkeypatch.setitem(STRATEGIES, rule.name, rule)
+def test_the_readme_rule_and_its_client_signal_run_end_to_end(
+    capped_mean: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The one registry line: the class in RULES (here, the registry it builds).
+    monkeypatch.setitem(STRATEGIES, "capped-mean", capped_mean.CappedMean)
+    assert isinstance(client_rules()["delta-norm"], capped_mean.DeltaNorm)
     values = {
         "strategy": "capped-mean",
         "capped-max-staleness": 1,
@@ -61,4 +86,5 @@ def test_the_readme_rule_runs_end_to_end(monkeypatch: pytest.MonkeyPatch, tmp_pa
     rows = read_jsonl(tmp_path / "capped" / "updates.jsonl")
     assert any(r["weight"] == 0.0 and r["staleness"] > 1 for r in rows)
     assert all(r["weight"] == 0.5 for r in rows if r["staleness"] <= 1)
-    assert summary["final_accuracy"] > 0.5
+    assert all(r["norm"] > 0 for r in rows)  # every client sent its signal
+    assert summary["updates_rejected"] == 0 and summary["final_accuracy"] > 0.5

@@ -1,4 +1,4 @@
-"""Strategy math against values worked by hand (ALGORITHMS.md)."""
+"""Strategy math against values worked by hand (docs/algorithms.md)."""
 
 from __future__ import annotations
 
