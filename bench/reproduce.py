@@ -38,21 +38,35 @@ class Suite:
     plot_empty: bool = False
 
 
+def announce_runs(suite: str, jobs: list[Job], options: Options) -> str:
+    return f"{suite}: {len(jobs)} runs on {options.workers} workers"
+
+
+def run_hours(results: list[Result]) -> str:
+    hours = sum(r["seconds"] for r in results) / 3600
+    return f"{len(results)} runs, {hours:.2f} h of run time in all"
+
+
+def wall_minutes(results: list[Result], out: Path, minutes: float) -> str:
+    return f"{minutes:.1f} min wall in this invocation; {out}"
+
+
 @dataclass(frozen=True)
 class Paper:
     """What is particular to one paper. `runner(options)`: the picklable function that runs
     one job in a worker; `out(options)`: the output folder; `announce(suite, jobs, options)`:
     the line before a suite's runs; `tally(results)`: the line after its table (None: none);
-    `closing(results, out, wall_minutes)`: the last line."""
+    `closing(results, out, wall_minutes)`: the last line; `options(parser)` adds the
+    paper's own flags and `check(options, parser)` refuses bad ones."""
 
     description: str
     suites: dict[str, Suite]
     default_suite: str
     default_out: Path
     runner: Callable[[Options], Runner]
-    announce: Callable[[str, list[Job], Options], str]
-    closing: Callable[[list[Result], Path, float], str]
-    tally: Callable[[list[Result]], str] | None = None
+    announce: Callable[[str, list[Job], Options], str] = announce_runs
+    tally: Callable[[list[Result]], str] | None = run_hours
+    closing: Callable[[list[Result], Path, float], str] = wall_minutes
     options: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     out: Callable[[Options], Path] = lambda options: options.out
     check: Callable[[Options, argparse.ArgumentParser], None] = lambda options, parser: None
@@ -124,12 +138,6 @@ def mean_curve(rows: list[Result]) -> tuple[list[float], list[float]]:
     length = min(len(r["curve"]) for r in rows)
     times = [rows[0]["curve"][i][0] for i in range(length)]
     return times, [statistics.mean(r["curve"][i][1] for r in rows) for i in range(length)]
-
-
-def run_hours(results: list[Result]) -> str:
-    return (
-        f"{len(results)} runs, {sum(r['seconds'] for r in results) / 3600:.2f} h of run time in all"
-    )
 
 
 @contextmanager

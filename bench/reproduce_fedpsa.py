@@ -356,6 +356,7 @@ FEDPSA = Paper(
     default_out=Path("runs/reproduce-fedpsa"),
     runner=runner,
     announce=announce,
+    tally=None,
     closing=closing,
     options=options,
     out=output,

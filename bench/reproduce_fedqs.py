@@ -34,7 +34,7 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, Runner, finals, matching, run_in_process, table_head
-from bench.reproduce import Options, Paper, Suite, figure, mean_curve, run_hours
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve
 from launcher.analysis import mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -411,9 +411,6 @@ FEDQS = Paper(
     default_suite="main",
     default_out=Path("runs/reproduce-fedqs"),
     runner=runner,
-    announce=lambda suite, jobs, args: f"{suite}: {len(jobs)} runs on {args.workers} workers",
-    tally=run_hours,
-    closing=lambda _, out, minutes: f"{minutes:.1f} min wall in this invocation; {out}",
     options=options,
     out=lambda args: args.out / f"{args.aggregations}agg",
 )

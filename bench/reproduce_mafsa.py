@@ -37,7 +37,7 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, finals, matching, run_in_process, table_head
-from bench.reproduce import Options, Paper, Suite, figure, mean_curve, run_hours
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve
 from launcher.analysis import mean_std
 
 DATA = {
@@ -313,9 +313,6 @@ MAFSA = Paper(
     default_suite="table2",
     default_out=Path("runs/reproduce-mafsa"),
     runner=lambda _: run_job,
-    announce=lambda suite, jobs, args: f"{suite}: {len(jobs)} runs on {args.workers} workers",
-    tally=run_hours,
-    closing=lambda _, out, minutes: f"{minutes:.1f} min wall in this invocation; {out}",
     options=options,
     check=check,
 )

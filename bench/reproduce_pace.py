@@ -291,6 +291,7 @@ PACE = Paper(
     announce=lambda _, jobs, args: (
         f"{len(jobs)} runs of {args.updates} arrivals on {args.workers} workers"
     ),
+    tally=None,
     closing=closing,
     options=options,
     out=lambda args: args.out / f"{args.updates}u",

@@ -23,7 +23,8 @@ from server_app.engine import Engine
 from server_app.results import CHECKPOINT_FILE
 
 log = logging.getLogger("fedstale")
-FORMAT = 2
+# 3: strategies keep Buffer objects and their `kept` attributes as they are (deques too).
+FORMAT = 3
 
 
 @dataclass
@@ -76,8 +77,13 @@ def load(location: str) -> Checkpoint:
             checkpoint = pickle.load(handle)
     except (OSError, pickle.UnpicklingError, EOFError, AttributeError) as err:
         raise ConfigError(f"resume-from: {path} is not a readable checkpoint ({err})") from None
-    if not isinstance(checkpoint, Checkpoint) or checkpoint.format != FORMAT:
-        raise ConfigError(f"resume-from: {path} is not a fedstale checkpoint of this version")
+    if not isinstance(checkpoint, Checkpoint):
+        raise ConfigError(f"resume-from: {path} is not a fedstale checkpoint")
+    if checkpoint.format != FORMAT:
+        raise ConfigError(
+            f"resume-from: {path} has checkpoint format {checkpoint.format}, this fedstale "
+            f"reads {FORMAT}; finish that run with the fedstale version that wrote it"
+        )
     return checkpoint
 
 

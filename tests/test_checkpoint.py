@@ -107,3 +107,13 @@ def test_a_checkpoint_at_a_flush_counts_that_flush_s_rows(tmp_path: Path) -> Non
     upto = [row for row in rows if row["version"] <= saved.version]
     assert len(upto) == saved.update_rows == saved.version * BASE["buffer-size"]
     assert rows[: saved.update_rows] == upto
+
+
+def test_resume_refuses_a_checkpoint_of_another_format_in_one_line(tmp_path: Path) -> None:
+    run(tmp_path, "old", **{"max-versions": 4})
+    path = tmp_path / "old" / checkpoint.CHECKPOINT_FILE
+    saved = checkpoint.load(str(path))
+    saved.format = checkpoint.FORMAT - 1
+    checkpoint.save(saved, path)
+    with pytest.raises(ConfigError, match=f"checkpoint format {checkpoint.FORMAT - 1}, this"):
+        run(tmp_path, "new", **{"max-versions": 6, "resume-from": str(tmp_path / "old")})

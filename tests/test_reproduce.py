@@ -61,6 +61,7 @@ def tiny_paper(ran: list[str]) -> Paper:
         default_out=Path("unused"),
         runner=lambda options: ran.append,  # never called with --report
         announce=lambda name, jobs, options: f"{name}: {len(jobs)} runs",
+        tally=reproduce.run_hours,
         closing=lambda results, out, minutes: f"{len(results)} done in {out.name}",
     )
 
@@ -73,7 +74,12 @@ def test_report_tabulates_only_the_runs_results_jsonl_holds(
     ran: list[str] = []
     reproduce.main(tiny_paper(ran), ["--report", "--out", str(tmp_path)])
     lines = capsys.readouterr().out.splitlines()
-    assert lines == ["only: 3 runs", "| job-0 | job-2 |", f"2 done in {tmp_path.name}"]
+    assert lines == [
+        "only: 3 runs",
+        "| job-0 | job-2 |",
+        "2 runs, 0.00 h of run time in all",
+        f"2 done in {tmp_path.name}",
+    ]
     assert (tmp_path / "only.md").read_text() == "| job-0 | job-2 |\n" and not ran
 
 
