@@ -67,3 +67,13 @@ def test_dockerfile_builds_on_the_official_images_and_state_persists() -> None:
     assert "superlink-state" in compose["volumes"]
     assert "superlink-state:/app/state" in compose["services"]["superlink"]["volumes"]
     assert "/app/state/state.db" in compose["services"]["superlink"]["command"]
+
+
+def test_the_image_copies_every_package_the_wheel_installs() -> None:
+    import tomllib
+
+    pyproject = tomllib.loads((DOCKER.parent / "pyproject.toml").read_text())
+    packages = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]["packages"]
+    dockerfile = (DOCKER / "Dockerfile").read_text()
+    missing = [p for p in packages if not re.search(rf"^COPY {p} {p}$", dockerfile, re.M)]
+    assert not missing, f"docker/Dockerfile does not copy {missing}: pip install . would fail"
