@@ -24,9 +24,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from launcher.deploy import CONNECTION, LocalDeployment
-from launcher.launch import to_flower, tool
-from server_app.results import read_jsonl
+from fedstale.launcher.deploy import CONNECTION, LocalDeployment
+from fedstale.launcher.launch import to_flower, tool
+from fedstale.server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = {"dataset": "digits", "buffer-size": 1, "max-virtual-time": 0.0, "eval-interval": 1e6}

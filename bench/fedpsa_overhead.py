@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from common.calibration import gaussian_batch
-from common.config import parse_run_config
-from common.federation import client_data
-from common.models import MLP, build_model
-from common.sensitivity import sensitivity, sketch
-from common.training import local_train
+from fedstale.common.calibration import gaussian_batch
+from fedstale.common.config import parse_run_config
+from fedstale.common.federation import client_data
+from fedstale.common.models import MLP, build_model
+from fedstale.common.sensitivity import sensitivity, sketch
+from fedstale.common.training import local_train
 
 K, CALIB = 16, 32
 

@@ -64,7 +64,7 @@ def one_core() -> None:
 def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[dict[str, Any]]:
     """Run the jobs results.jsonl lacks with `runner` (a picklable top-level function or a
     functools.partial of one), print progress with an ETA; every job's result, in order."""
-    from launcher.cli import stop_on_sigterm
+    from fedstale.launcher.cli import stop_on_sigterm
 
     stop_on_sigterm()  # a `kill` unwinds through the pool's exit, which stops its workers
     done_path = out / "results.jsonl"
@@ -93,9 +93,9 @@ def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dic
     """Run `values` under the job's name with the real engine, strategies and client code in
     this (worker) process; the result's shared fields (name, labels, summary, seconds) and
     the run's folder, from which each reproduction reads its curves."""
-    from launcher.local import local_transport
-    from server_app.experiment import run_experiment
-    from strategies.registry import load_config
+    from fedstale.launcher.local import local_transport
+    from fedstale.server_app.experiment import run_experiment
+    from fedstale.strategies.registry import load_config
 
     # A job not in results.jsonl never finished: an earlier attempt's folder is moved aside.
     named = {**values, "run-name": job.name, "runs-dir": runs_dir, "overwrite": True}

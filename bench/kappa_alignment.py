@@ -26,7 +26,7 @@ import numpy as np
 from scipy import stats
 
 from bench.reproduce_fedpsa import DAY, Job, run_job
-from server_app.results import read_jsonl
+from fedstale.server_app.results import read_jsonl
 
 PAPER = {"raw": (0.1908, 0.1338), "binned": (0.7620, 0.6833)}  # (Pearson, Spearman)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.grid import Job, Runner, finished, run_all
-from launcher.analysis import first_reach
+from fedstale.launcher.analysis import first_reach
 
 Result = dict[str, Any]
 Options = argparse.Namespace
@@ -120,7 +120,7 @@ def run_suite(paper: Paper, suite: Suite, name: str, options: Options, out: Path
 # ---------------------------------------------------------------- the shared pieces
 def curve(folder: Path, *fields: str) -> list[tuple[Any, ...]]:
     """(virtual time, fields...) of each evaluation in a run folder's metrics.jsonl."""
-    from server_app.results import read_jsonl
+    from fedstale.server_app.results import read_jsonl
 
     rows = read_jsonl(folder / "metrics.jsonl")
     return [(row["virtual_time"], *(row[f] for f in fields)) for row in rows]

@@ -28,8 +28,8 @@ from typing import Any
 from bench import reproduce
 from bench.grid import Job, Runner, finals, grid, matching, run_in_process, table_head
 from bench.reproduce import Options, Paper, Result, Suite, figure
-from launcher.analysis import Group, Run, mean_std
-from launcher.plots import plot_accuracy
+from fedstale.launcher.analysis import Group, Run, mean_std
+from fedstale.launcher.plots import plot_accuracy
 
 DAY = 86_400.0
 METHODS = ("fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa")
@@ -156,7 +156,7 @@ SUITES = {
 
 def run_job(job: Job, runs_dir: str, budget: float) -> dict[str, Any]:
     """One run in this (worker) process; returns its summary, run time and accuracy curve."""
-    from server_app.results import read_jsonl
+    from fedstale.server_app.results import read_jsonl
 
     values = {
         **PROTOCOL,

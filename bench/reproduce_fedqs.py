@@ -35,7 +35,7 @@ from typing import Any
 from bench import reproduce
 from bench.grid import Job, Runner, finals, matching, run_in_process, table_head
 from bench.reproduce import Options, Paper, Suite, figure, mean_curve
-from launcher.analysis import mean_std
+from fedstale.launcher.analysis import mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
 METHODS = {
@@ -163,7 +163,7 @@ SUITES = {"main": main_jobs, "ablation": ablation_jobs, "robustness": robustness
 
 def run_job(job: Job, runs_dir: str, aggregations: int) -> dict[str, Any]:
     """One run in this (worker) process; its summary, curve and FedQS's per-update records."""
-    from server_app.results import read_jsonl
+    from fedstale.server_app.results import read_jsonl
 
     k = PROTOCOL["buffer-size"]
     values = {**PROTOCOL, **job.config, "max-updates": aggregations * k}

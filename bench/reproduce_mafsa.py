@@ -38,7 +38,7 @@ from typing import Any
 from bench import reproduce
 from bench.grid import Job, finals, matching, run_in_process, table_head
 from bench.reproduce import Options, Paper, Suite, figure, mean_curve
-from launcher.analysis import mean_std
+from fedstale.launcher.analysis import mean_std
 
 DATA = {
     "fmnist-linear": {"dataset": "fmnist", "model": "linear"},

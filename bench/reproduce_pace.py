@@ -35,7 +35,7 @@ from typing import Any
 from bench import reproduce
 from bench.grid import Job, Runner, matching, run_in_process, table_head
 from bench.reproduce import Options, Paper, Result, Suite, figure, mean_curve
-from launcher.analysis import mean_std
+from fedstale.launcher.analysis import mean_std
 
 PARTITIONS = {
     "dir0.1": {

@@ -3,7 +3,7 @@ and every core), each as a ratio against a bare PyTorch loop measured in the sam
 
     python -m bench.throughput [--models linear,lenet] [--workers N] [--run-config "k=v"]
 
-Reference: `common.training.local_train` (the function every client calls) on one thread
+Reference: `fedstale.common.training.local_train` (the function every client calls) on one thread
 in this process, on the same clients' data, clients drawn uniformly at random, with the
 run's trainer; "per core" ratios divide by (reference x cores), the most that `cores`
 one-thread clients can do. The runs: the default experiment (FedBuff, Fashion-MNIST, 50
@@ -27,10 +27,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.config import parse_run_config
-from common.federation import client_data, federation_of
-from common.models import build_model
-from common.training import local_train
+from fedstale.common.config import parse_run_config
+from fedstale.common.federation import client_data, federation_of
+from fedstale.common.models import build_model
+from fedstale.common.training import local_train
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -80,10 +80,10 @@ def simulation_summary(config: str, workdir: Path) -> dict[str, Any]:
 
 
 def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
-    from launcher.launch import parse_pairs
-    from launcher.local import local_transport, pooled_transport
-    from server_app.experiment import run_experiment
-    from strategies.registry import load_config
+    from fedstale.launcher.launch import parse_pairs
+    from fedstale.launcher.local import local_transport, pooled_transport
+    from fedstale.server_app.experiment import run_experiment
+    from fedstale.strategies.registry import load_config
 
     name = f"local-{workers}"
     values = {**parse_pairs(config), "run-name": name, "runs-dir": str(workdir / "runs")}
@@ -95,7 +95,7 @@ def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
 
 
 def measure(model: str, extra: str, tasks: int, workers: int) -> dict[str, float]:
-    from launcher.launch import parse_pairs
+    from fedstale.launcher.launch import parse_pairs
 
     budget = BUDGETS.get(model, 8_000.0)
     config = (

@@ -15,8 +15,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from launcher.deploy import LocalDeployment, parse_delays
-from server_app.results import read_jsonl
+from fedstale.launcher.deploy import LocalDeployment, parse_delays
+from fedstale.server_app.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = {"dataset": "digits", "lr": 0.05, "local-epochs": 1, "eval-interval": 5.0}

@@ -10,7 +10,7 @@ import pytest
 
 from tests.flower_procs import SimulationSuperLink
 
-# Client shares are cached on disk (common/federation.py); keep the tests' out of ~/.cache,
+# Client shares are cached on disk (fedstale/common/federation.py); keep the tests' out of ~/.cache,
 # in a directory of their own that the session removes when it ends (~200 MB per session).
 _OWN_CACHE = (
     None if "FEDSTALE_CACHE_DIR" in os.environ else tempfile.mkdtemp(prefix="fedstale-cache-")

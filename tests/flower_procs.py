@@ -6,8 +6,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from launcher.deploy import CONNECTION, LocalDeployment
-from launcher.launch import tool
+from fedstale.launcher.deploy import CONNECTION, LocalDeployment
+from fedstale.launcher.launch import tool
 
 __all__ = ["CONNECTION", "SimulationSuperLink"]
 

@@ -68,9 +68,9 @@ def one_thread() -> Iterator[None]:
 
 def produce(strategy: str, runs_dir: Path) -> dict[str, str]:
     """Run `strategy`'s golden config in this process; the text of its two files."""
-    from launcher.local import local_transport
-    from server_app.experiment import run_experiment
-    from strategies.registry import load_config
+    from fedstale.launcher.local import local_transport
+    from fedstale.server_app.experiment import run_experiment
+    from fedstale.strategies.registry import load_config
 
     run, params = load_config(golden_values(strategy, runs_dir))
     with one_thread():

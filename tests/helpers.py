@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from common.config import RunConfig
-from common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
-from server_app.transport import Reply
-from strategies.base import Strategy, Update, View
-from strategies.registry import STRATEGIES
+from fedstale.common.config import RunConfig
+from fedstale.common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
+from fedstale.server_app.transport import Reply
+from fedstale.strategies.base import Strategy, Update, View
+from fedstale.strategies.registry import STRATEGIES
 
 V0 = View()  # the view of a strategy at version 0, for unit tests of on_update
 
@@ -136,8 +136,8 @@ UNKNOWN_STRATEGY = (
 
 def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
-    from common.models import ParamLayout
-    from server_app.experiment import server_model, setup_for
+    from fedstale.common.models import ParamLayout
+    from fedstale.server_app.experiment import server_model, setup_for
 
     model = server_model(run)
     strategy.bind(setup_for(run, model, ParamLayout.of(model)))

@@ -21,22 +21,30 @@ ALLOWED = {
 }
 # Flower's API is for the apps and the launcher; the rules and the shared layer stay plain,
 # except the one wire adapter that both apps share.
-FLOWER_ALLOWED = {"server_app", "client_app", "launcher", "bench", "common/records.py"}
+FLOWER_ALLOWED = {"server_app", "client_app", "launcher", "bench", "fedstale/common/records.py"}
+
+
+def layer_of(module: str) -> str:
+    """`fedstale.server_app.engine` -> `server_app`; any other module -> its top-level name."""
+    parts = module.split(".")
+    return parts[1] if parts[0] == "fedstale" and len(parts) > 1 else parts[0]
 
 
 def imports_of(path: Path) -> set[str]:
-    """Top-level names of every module `path` imports, anywhere in the file."""
+    """The layers (or other top-level names) of every module `path` imports, anywhere in
+    the file."""
     names = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names |= {alias.name.split(".")[0] for alias in node.names}
+            names |= {layer_of(alias.name) for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
+            names.add(layer_of(node.module))
     return names
 
 
 def sources(package: str) -> list[Path]:
-    return sorted((ROOT / package).rglob("*.py"))
+    folder = ROOT / package if package == "bench" else ROOT / "fedstale" / package
+    return sorted(folder.rglob("*.py"))
 
 
 @pytest.mark.parametrize("package", PACKAGES)
@@ -89,7 +97,9 @@ def test_the_engine_and_the_setup_never_probe_a_strategy_by_name() -> None:
 
 def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     source = tmp_path / "mod.py"
-    source.write_text("def f():\n    from server_app.engine import Engine\n    return Engine\n")
+    source.write_text(
+        "def f():\n    from fedstale.server_app.engine import Engine\n    return Engine\n"
+    )
     assert imports_of(source) == {"server_app"}
     probe = ast.parse("getattr(self.strategy, 'bind_x', None)").body[0]
     assert isinstance(probe, ast.Expr) and probes_a_strategy(probe.value)

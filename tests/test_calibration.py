@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-import common.calibration as calibration
+import fedstale.common.calibration as calibration
 from bench.kappa_alignment import analyse, binned, correlations
-from common.calibration import MissingCalibration, decode, encode, real_batch
-from common.config import ConfigError
-from common.models import build_model, get_flat, set_flat
-from common.schema import SignalKeys
-from common.sensitivity import loss_gradient, sketch_for_task
-from server_app.experiment import diagnostic_batch
-from strategies.base import Update, View
-from strategies.fedpsa import FedPSA, FedPSAParams
+from fedstale.common.calibration import MissingCalibration, decode, encode, real_batch
+from fedstale.common.config import ConfigError
+from fedstale.common.models import build_model, get_flat, set_flat
+from fedstale.common.schema import SignalKeys
+from fedstale.common.sensitivity import loss_gradient, sketch_for_task
+from fedstale.server_app.experiment import diagnostic_batch
+from fedstale.strategies.base import Update, View
+from fedstale.strategies.fedpsa import FedPSA, FedPSAParams
 from tests.helpers import bind_server, run_config
 
 SHAPE = (1, 8, 8)

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from client_app.task import evaluate_task, train_task
-from common.config import ConfigError
-from common.schema import MSG_TRAIN
-from launcher.inprocess import InProcessTransport
-from server_app import checkpoint
-from server_app.experiment import run_experiment
-from strategies.registry import load_config
+from fedstale.client_app.task import evaluate_task, train_task
+from fedstale.common.config import ConfigError
+from fedstale.common.schema import MSG_TRAIN
+from fedstale.launcher.inprocess import InProcessTransport
+from fedstale.server_app import checkpoint
+from fedstale.server_app.experiment import run_experiment
+from fedstale.strategies.registry import load_config
 
 BASE = {
     "dataset": "digits",

@@ -8,18 +8,18 @@ import numpy as np
 import pytest
 import torch
 
-import common.training as training
-from client_app.task import client_model, train_task
-from common.models import build_model, get_flat
-from common.schema import SignalKeys, SignalSpec, TaskSpec
-from common.training import Optimiser, local_train
-from launcher.local import local_transport
-from server_app.experiment import run_experiment
-from server_app.results import read_jsonl
-from strategies.base import Outcome, Update, View, update_record
-from strategies.client import ClientRule, LocalTask, UnknownClientRule
-from strategies.fedbuff import FedBuff
-from strategies.registry import STRATEGIES, load_config
+import fedstale.common.training as training
+from fedstale.client_app.task import client_model, train_task
+from fedstale.common.models import build_model, get_flat
+from fedstale.common.schema import SignalKeys, SignalSpec, TaskSpec
+from fedstale.common.training import Optimiser, local_train
+from fedstale.launcher.local import local_transport
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.results import read_jsonl
+from fedstale.strategies.base import Outcome, Update, View, update_record
+from fedstale.strategies.client import ClientRule, LocalTask, UnknownClientRule
+from fedstale.strategies.fedbuff import FedBuff
+from fedstale.strategies.registry import STRATEGIES, load_config
 from tests.helpers import run_config
 
 PROBE = "probe-norm"
@@ -207,7 +207,7 @@ def test_a_task_naming_an_unknown_client_rule_is_refused_not_trained_plainly() -
 
 
 def test_every_task_names_its_strategys_client_rules() -> None:
-    from strategies.registry import client_rules
+    from fedstale.strategies.registry import client_rules
 
     known = client_rules()
     assert set(known) == {"fedpsa-sketch", "cosine-to-start", "fedqs-class-spread"} | {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.analysis import Run, find_runs, group_runs, table
-from launcher.cli import main
+from fedstale.launcher.analysis import Run, find_runs, group_runs, table
+from fedstale.launcher.cli import main
 
 
 def fake_run(root: Path, name: str, strategy: str, seed: int, accuracies: list[float]) -> Path:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError, parse_faults
-from launcher.cli import main
-from launcher.launch import parse_pairs
-from strategies.registry import load_config
+from fedstale.common.config import ConfigError, parse_faults
+from fedstale.launcher.cli import main
+from fedstale.launcher.launch import parse_pairs
+from fedstale.strategies.registry import load_config
 from tests.helpers import UNKNOWN_STRATEGY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,7 +59,7 @@ def test_faults_parse() -> None:
 
 def test_cli_check_exits_nonzero_with_one_line() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "launcher.cli", "run", "--run-config", "strategy=nope"],
+        [sys.executable, "-m", "fedstale.launcher.cli", "run", "--run-config", "strategy=nope"],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -102,8 +102,8 @@ def test_pyproject_defaults_match_the_models() -> None:
     """Every key in [tool.flwr.app.config] is known, with the same default as its model."""
     import tomllib
 
-    from common.config import RunConfig
-    from strategies.registry import STRATEGIES, known_keys
+    from fedstale.common.config import RunConfig
+    from fedstale.strategies.registry import STRATEGIES, known_keys
 
     defaults = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert set(defaults) == known_keys()
@@ -125,8 +125,8 @@ def test_the_demo_is_fedpsa_as_the_paper_defines_it_on_a_non_iid_split() -> None
 
 def test_flower_simulation_gets_one_cpu_per_client_unless_told_otherwise() -> None:
     """Flower's Ray backend defaults to 2 CPUs a ClientApp (one actor on a 2-core box)."""
-    from launcher.cli import flower_command
-    from launcher.launch import resolve
+    from fedstale.launcher.cli import flower_command
+    from fedstale.launcher.launch import resolve
 
     run, overrides = resolve(ROOT, {})
     default = flower_command(ROOT, overrides, "", run, "")
@@ -144,3 +144,25 @@ def test_the_cli_leaves_the_callers_sigterm_handler_in_place() -> None:
     before = signal.getsignal(signal.SIGTERM)
     assert main(["check", "--app", str(ROOT), "--run-config", "lr=-1"]) == 2
     assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_version_and_a_help_for_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.startswith("fedstale 0.")
+    for name, flag in (
+        ("check", "--federation-config"),
+        ("run", "--local"),
+        ("deploy", "--nodes"),
+        ("compare", "--target"),
+    ):
+        with pytest.raises(SystemExit) as done:
+            main([name, "--help"])
+        shown = capsys.readouterr().out
+        assert done.value.code == 0 and f"fedstale {name}" in shown and flag in shown
+    with pytest.raises(SystemExit) as done:
+        main([])
+    assert done.value.code == 0 and "fedstale COMMAND --help" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["nope"])
+    assert done.value.code == 2

@@ -12,12 +12,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from common.latency import profile_for
-from common.schema import MSG_EVALUATE, MSG_QUERY, ReplyKeys, TaskKeys
-from server_app.engine import Engine
-from server_app.evaluation import Scoreboard
-from server_app.transport import Reply
-from strategies.base import (
+from fedstale.common.latency import profile_for
+from fedstale.common.schema import MSG_EVALUATE, MSG_QUERY, ReplyKeys, TaskKeys
+from fedstale.server_app.engine import Engine
+from fedstale.server_app.evaluation import Scoreboard
+from fedstale.server_app.transport import Reply
+from fedstale.strategies.base import (
     EVAL_PER_CLIENT,
     NoParams,
     Outcome,

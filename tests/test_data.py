@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common import data
-from common.download import DownloadError, RemoteFile, fetch
-from common.latency import client_latencies, profile_for
-from common.partition import partition, split_validation
+from fedstale.common import data
+from fedstale.common.download import DownloadError, RemoteFile, fetch
+from fedstale.common.latency import client_latencies, profile_for
+from fedstale.common.partition import partition, split_validation
 from tests.helpers import run_config
 
 
@@ -207,7 +207,7 @@ def test_latency_profiles() -> None:
 def test_client_share_disk_cache_gives_the_same_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from common import federation
+    from fedstale.common import federation
 
     cfg = run_config(dataset="digits", num_clients=5)
     monkeypatch.setenv(federation.CACHE_ENV, "")

@@ -1,5 +1,5 @@
 """A real local deployment: `flower-superlink` and `flower-supernode` processes on
-127.0.0.1 (launcher/deploy.py), wall clock, every process stopped by PID."""
+127.0.0.1 (fedstale/launcher/deploy.py), wall clock, every process stopped by PID."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.deploy import LocalDeployment, TlsFiles, make_keys, stop
-from server_app.results import read_jsonl
+from fedstale.launcher.deploy import LocalDeployment, TlsFiles, make_keys, stop
+from fedstale.server_app.results import read_jsonl
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parent.parent

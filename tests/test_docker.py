@@ -1,5 +1,6 @@
 """The docker files: compose parses, every flag is one Flower 1.41's own parsers accept and
-one the launcher's real processes (launcher/deploy.py) also use. Docker does not run here."""
+one the launcher's real processes (fedstale/launcher/deploy.py) also use. Docker does not
+run here."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 from flwr.superlink.cli.flower_superlink import _parse_args_run_superlink
 from flwr.supernode.cli.flower_supernode import _parse_args_run_supernode
 
-from launcher.deploy import LocalDeployment, TlsFiles
+from fedstale.launcher.deploy import LocalDeployment, TlsFiles
 
 DOCKER = Path(__file__).resolve().parent.parent / "docker"
 

@@ -9,14 +9,22 @@ from typing import Any
 import numpy as np
 import pytest
 
-from common.latency import profile_for
-from common.models import ParamLayout
-from common.schema import MSG_TRAIN
-from server_app.clock import Task
-from server_app.engine import Engine, EngineError
-from server_app.transport import SendRefused
-from strategies.base import Assignment, NoParams, Outcome, Strategy, Update, View, update_record
-from strategies.fedavg import FedAvg
+from fedstale.common.latency import profile_for
+from fedstale.common.models import ParamLayout
+from fedstale.common.schema import MSG_TRAIN
+from fedstale.server_app.clock import Task
+from fedstale.server_app.engine import Engine, EngineError
+from fedstale.server_app.transport import SendRefused
+from fedstale.strategies.base import (
+    Assignment,
+    NoParams,
+    Outcome,
+    Strategy,
+    Update,
+    View,
+    update_record,
+)
+from fedstale.strategies.fedavg import FedAvg
 from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
 
 LAYOUT = ParamLayout(names=("w",), shapes=((3,),))

@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from common.calibration import gaussian_batch
-from common.models import build_model, get_flat, set_flat
-from common.schema import InvalidReply, SignalKeys
-from common.sensitivity import (
+from fedstale.common.calibration import gaussian_batch
+from fedstale.common.models import build_model, get_flat, set_flat
+from fedstale.common.schema import InvalidReply, SignalKeys
+from fedstale.common.sensitivity import (
     SKETCH_BLOCK,
     _block_seed,
     sensitivity,
@@ -20,11 +20,11 @@ from common.sensitivity import (
     sketch_for_task,
     vmap_sensitivity,
 )
-from strategies.base import NoParams, Update, View
-from strategies.ca2fl import CA2FL, CA2FLParams
-from strategies.fedbuff import FedBuff, FedBuffParams
-from strategies.fedfa import FedFa
-from strategies.fedpsa import FedPSA, FedPSAParams, cosine
+from fedstale.strategies.base import NoParams, Update, View
+from fedstale.strategies.ca2fl import CA2FL, CA2FLParams
+from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
+from fedstale.strategies.fedfa import FedFa
+from fedstale.strategies.fedpsa import FedPSA, FedPSAParams, cosine
 from tests.helpers import V0, bind_server, run_config, update
 
 
@@ -192,7 +192,7 @@ def test_client_and_server_sketch_identically() -> None:
 
 
 def test_sensitivity_in_sample_chunks_equals_one_batch(monkeypatch: pytest.MonkeyPatch) -> None:
-    import common.sensitivity as module
+    import fedstale.common.sensitivity as module
 
     model = build_model("mlp", (1, 8, 8), 10, seed=1)
     x, y = gaussian_batch(3, (1, 8, 8), 10, 12)

@@ -8,9 +8,9 @@ import re
 import numpy as np
 import pytest
 
-from common.schema import InvalidReply, RuleKeys
-from strategies import fedqs as q
-from strategies.base import Update
+from fedstale.common.schema import InvalidReply, RuleKeys
+from fedstale.strategies import fedqs as q
+from fedstale.strategies.base import Update
 from tests.helpers import V0, run_config
 
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from strategies.base import Strategy
-from strategies.registry import STRATEGIES as RULES
+from fedstale.strategies.base import Strategy
+from fedstale.strategies.registry import STRATEGIES as RULES
 from tests.goldens import GOLDEN, STRATEGIES, compare_rows, differences, produce, rows
 
 

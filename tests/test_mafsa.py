@@ -11,20 +11,20 @@ from typing import Any
 import numpy as np
 import pytest
 
-from client_app.task import client_model, train_task
-from common.config import ConfigError
-from common.federation import client_data
-from common.models import get_flat, set_flat
-from common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
-from common.threads import limited
-from common.training import local_train
-from launcher.local import local_transport
-from server_app.experiment import run_experiment
-from strategies import hierarchy as h
-from strategies import mafsa as m
-from strategies.base import Outcome, Update, View
-from strategies.hierarchy import Hierarchy
-from strategies.registry import build_strategy, load_config
+from fedstale.client_app.task import client_model, train_task
+from fedstale.common.config import ConfigError
+from fedstale.common.federation import client_data
+from fedstale.common.models import get_flat, set_flat
+from fedstale.common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
+from fedstale.common.threads import limited
+from fedstale.common.training import local_train
+from fedstale.launcher.local import local_transport
+from fedstale.server_app.experiment import run_experiment
+from fedstale.strategies import hierarchy as h
+from fedstale.strategies import mafsa as m
+from fedstale.strategies.base import Outcome, Update, View
+from fedstale.strategies.hierarchy import Hierarchy
+from fedstale.strategies.registry import build_strategy, load_config
 from tests.helpers import run_config
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from common.models import ParamLayout, build_model, evaluate, get_flat, set_flat
+from fedstale.common.models import ParamLayout, build_model, evaluate, get_flat, set_flat
 
 
 @pytest.mark.parametrize(

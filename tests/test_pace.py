@@ -8,18 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher.local import local_transport
-from server_app.experiment import run_experiment
-from server_app.results import read_jsonl
-from strategies.base import InFlight, Update, View
-from strategies.pace import (
+from fedstale.launcher.local import local_transport
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.results import read_jsonl
+from fedstale.strategies.base import InFlight, Update, View
+from fedstale.strategies.pace import (
     PACE,
     PACEParams,
     PFedGraphAsync,
     multicast_group,
     project_to_simplex,
 )
-from strategies.registry import load_config
+from fedstale.strategies.registry import load_config
 from tests.helpers import run_config
 
 

@@ -10,10 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from common.config import RunConfig
-from common.schema import MSG_EVALUATE, MSG_TRAIN
-from launcher.inprocess import NODE_BASE
-from launcher.pool import PooledTransport
+from fedstale.common.config import RunConfig
+from fedstale.common.schema import MSG_EVALUATE, MSG_TRAIN
+from fedstale.launcher.inprocess import NODE_BASE
+from fedstale.launcher.pool import PooledTransport
 from tests.helpers import run_config
 
 

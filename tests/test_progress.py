@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from server_app import progress
+from fedstale.server_app import progress
 from tests.helpers import run_config
 
 

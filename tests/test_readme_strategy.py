@@ -14,12 +14,12 @@ from types import ModuleType
 import numpy as np
 import pytest
 
-from common.schema import InvalidReply
-from launcher.local import local_transport
-from server_app.experiment import run_experiment
-from server_app.results import read_jsonl
-from strategies.base import Update, View
-from strategies.registry import STRATEGIES, client_rules, load_config
+from fedstale.common.schema import InvalidReply
+from fedstale.launcher.local import local_transport
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.results import read_jsonl
+from fedstale.strategies.base import Update, View
+from fedstale.strategies.registry import STRATEGIES, client_rules, load_config
 from tests.helpers import run_config, update
 
 README = Path(__file__).resolve().parent.parent / "README.md"

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from common.config import ConfigError
-from launcher.cli import main
-from launcher.launch import merged_pairs, parse_pairs
-from server_app.provenance import provenance
-from server_app.results import RUN_FILES
+from fedstale.common.config import ConfigError
+from fedstale.launcher.cli import main
+from fedstale.launcher.launch import merged_pairs, parse_pairs
+from fedstale.server_app.provenance import provenance
+from fedstale.server_app.results import RUN_FILES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = (
@@ -28,7 +28,7 @@ TINY += "max-virtual-time=40 eval-interval=10"
 
 def fedstale(*argv: str) -> subprocess.CompletedProcess:
     """`fedstale ...` as a user runs it, from the checkout."""
-    command = [sys.executable, "-m", "launcher.cli", *argv]
+    command = [sys.executable, "-m", "fedstale.launcher.cli", *argv]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
 
 
@@ -167,8 +167,8 @@ def test_config_json_says_where_the_run_came_from(tmp_path: Path) -> None:
 def test_a_dataset_that_cannot_be_found_or_fetched_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from common import data, federation
-    from common.config import parse_run_config
+    from fedstale.common import data, federation
+    from fedstale.common.config import parse_run_config
 
     def unavailable(name: str, data_dir: str = "") -> None:
         raise data.DatasetUnavailable(

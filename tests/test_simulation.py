@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from launcher.deploy import free_port, stop_tree, wait_for_port
-from launcher.launch import flower_env, parse_pairs, tool
-from launcher.local import local_transport
-from server_app.experiment import run_experiment
-from server_app.results import read_jsonl
-from strategies.registry import load_config
+from fedstale.launcher.deploy import free_port, stop_tree, wait_for_port
+from fedstale.launcher.launch import flower_env, parse_pairs, tool
+from fedstale.launcher.local import local_transport
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.results import read_jsonl
+from fedstale.strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
 from tests.helpers import UNKNOWN_STRATEGY
 

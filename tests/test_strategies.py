@@ -5,11 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from strategies.base import NoParams, View
-from strategies.fedasync import FedAsync, FedAsyncParams
-from strategies.fedavg import FedAvg
-from strategies.fedbuff import FedBuff, FedBuffParams
-from strategies.staleness import Staleness
+from fedstale.strategies.base import NoParams, View
+from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
+from fedstale.strategies.fedavg import FedAvg
+from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
+from fedstale.strategies.staleness import Staleness
 from tests.helpers import V0, run_config, update
 
 

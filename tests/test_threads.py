@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import torch
 from threadpoolctl import threadpool_info, threadpool_limits
 
-from common.threads import blas_threads, limited, on_client_threads
+from fedstale.common.threads import blas_threads, limited, on_client_threads
 
 
 def blas() -> set[int]:

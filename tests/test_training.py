@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from common.models import build_model, get_flat
-from common.training import local_train
+from fedstale.common.models import build_model, get_flat
+from fedstale.common.training import local_train
 
 
 @pytest.mark.parametrize("proximal_mu", [0.0, 0.3])
@@ -26,9 +26,9 @@ def test_closed_form_sgd_of_the_linear_model_equals_autograd(proximal_mu: float)
 
 @pytest.mark.parametrize("trainer", ["auto", "autograd"])
 def test_the_trainer_key_picks_the_client_sgd(trainer: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    import common.training as training
-    from client_app.task import client_model, train_task
-    from common.schema import ReplyKeys, TaskSpec
+    import fedstale.common.training as training
+    from fedstale.client_app.task import client_model, train_task
+    from fedstale.common.schema import ReplyKeys, TaskSpec
     from tests.helpers import run_config
 
     used: list[str] = []

@@ -11,8 +11,8 @@ from collections.abc import Iterable
 import numpy as np
 import pytest
 
-from server_app import transport
-from server_app.transport import GridTransport, Reply
+from fedstale.server_app import transport
+from fedstale.server_app.transport import GridTransport, Reply
 
 
 class UploadGrid:
@@ -109,7 +109,7 @@ def test_a_failed_pull_raises_in_the_engine_thread() -> None:
 
 
 def test_named_array_sets_round_trip_through_flower_records() -> None:
-    from common.records import decode_sets, message_content
+    from fedstale.common.records import decode_sets, message_content
 
     fresh = {"w": np.arange(3, dtype=np.float32)}
     stale = {"w": np.ones(3, dtype=np.float32)}

@@ -1,0 +1,131 @@
+"""fedstale ClientApp: train, evaluate and query handlers.
+
+Kept light to import: torch and the project's own modules only (no sklearn, matplotlib or
+pydantic-heavy work at import), since a deployed SuperNode starts a fresh process per task.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import cache
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message
+from flwr.clientapp import ClientApp
+
+from fedstale.client_app.task import evaluate_task, train_task
+from fedstale.common.config import RunConfig, parse_run_config
+from fedstale.common.records import (
+    ArraySets,
+    decode_sets,
+    from_array_record,
+    message_content,
+    to_array_record,
+)
+from fedstale.common.schema import ARRAYS, CONFIG, ReplyKeys
+
+app = ClientApp()
+STATE_KEY = "fedstale-state"  # the ArrayRecord in Context.state holding a client's kept arrays
+NODE_CONFIG_HINT = "start the SuperNode with --node-config 'partition-id=<i> num-partitions=<N>'"
+
+
+@cache
+def _config(items: frozenset) -> RunConfig:
+    return parse_run_config(dict(items))
+
+
+def run_config(context: Context) -> RunConfig:
+    return _config(frozenset(context.run_config.items()))
+
+
+def partition_problem(context: Context, cfg: RunConfig) -> str:
+    """Why this node cannot serve a client, or "" when its partition-id (and edge-id, which
+    a hierarchical run's SuperNode may name) is fine."""
+    raw = context.node_config.get("partition-id")
+    if raw is None:
+        return f"no partition-id given; {NODE_CONFIG_HINT}"
+    try:
+        partition = int(raw)
+    except (TypeError, ValueError):
+        return f"partition-id={raw!r} is not an integer; {NODE_CONFIG_HINT}"
+    if not 0 <= partition < cfg.num_clients:
+        return (
+            f"partition-id={partition} is outside 0..{cfg.num_clients - 1} "
+            f"(num-clients={cfg.num_clients}); {NODE_CONFIG_HINT}"
+        )
+    edge = context.node_config.get("edge-id")
+    if edge is not None and not (str(edge).isdigit()):
+        return f"edge-id={edge!r} is not a non-negative integer; start with 'edge-id=<k>'"
+    return ""
+
+
+def partition_of(context: Context, cfg: RunConfig) -> int:
+    problem = partition_problem(context, cfg)
+    if problem:
+        raise ValueError(f"node-config: {problem}")
+    return int(context.node_config["partition-id"])
+
+
+def _reply(
+    msg: Message,
+    metrics: dict[str, Any],
+    arrays: dict[str, np.ndarray] | None = None,
+    sets: ArraySets | None = None,
+    config: dict[str, Any] | None = None,
+) -> Message:
+    return Message(message_content(config, arrays, sets, metrics), reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Which client this node serves; a misconfigured node says what is wrong instead."""
+    cfg = run_config(context)
+    problem = partition_problem(context, cfg)
+    if problem:
+        return _reply(msg, {}, config={ReplyKeys.PROBLEM: problem})
+    metrics = {ReplyKeys.PARTITION_ID: partition_of(context, cfg)}
+    if "edge-id" in context.node_config:
+        metrics[ReplyKeys.EDGE_ID] = int(context.node_config["edge-id"])
+    return _reply(msg, metrics)
+
+
+def kept_state(context: Context) -> dict[str, np.ndarray]:
+    record = context.state.get(STATE_KEY)
+    return from_array_record(record) if isinstance(record, ArrayRecord) else {}
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    cfg = run_config(context)
+    arrays = from_array_record(msg.content[ARRAYS])
+    state = kept_state(context)
+    metrics, result, outputs = train_task(
+        cfg,
+        partition_of(context, cfg),
+        msg.content[CONFIG],
+        arrays,
+        decode_sets(msg.content),
+        state,
+    )
+    if state:
+        context.state[STATE_KEY] = to_array_record(state)
+    time.sleep(injected_delay(context))
+    return _reply(msg, metrics, result, outputs)
+
+
+def injected_delay(context: Context) -> float:
+    """Seconds a deployed node waits after training (node-config `delay-seconds`): a slow
+    device on a local deployment (fedstale/launcher/deploy.py)."""
+    delay = float(context.node_config.get("delay-seconds", 0.0))
+    if delay < 0:
+        raise ValueError(f"node-config delay-seconds={delay} is negative; use 0 or more")
+    return delay
+
+
+@app.evaluate()
+def evaluate_handler(msg: Message, context: Context) -> Message:
+    """Score the model the message carries on this client's own held-out split."""
+    cfg = run_config(context)
+    arrays = from_array_record(msg.content[ARRAYS])
+    return _reply(msg, evaluate_task(cfg, partition_of(context, cfg), msg.content[CONFIG], arrays))

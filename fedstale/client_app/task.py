@@ -1,0 +1,128 @@
+"""One training task of one client, free of Flower's message types: the ClientApp's train
+handler wraps it, and local running (fedstale/launcher/local.py) calls it directly."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, MutableMapping
+from functools import cache
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedstale.client_app.faults import corrupt
+from fedstale.common.config import RunConfig
+from fedstale.common.federation import client_data, client_holdout, data_shape
+from fedstale.common.models import (
+    ParamLayout,
+    build_model,
+    evaluate,
+    get_flat,
+    resolve_device,
+    set_flat,
+)
+from fedstale.common.records import ArraySets
+from fedstale.common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
+from fedstale.common.threads import on_client_threads
+from fedstale.common.training import Optimiser, local_train
+from fedstale.strategies.client import LocalTask, rules_named
+from fedstale.strategies.registry import client_rules
+
+Arrays = dict[str, np.ndarray]
+
+
+@cache
+def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
+    """One model object per process and config, reloaded with each task's weights."""
+    input_shape, num_classes = data_shape(cfg)
+    model = build_model(cfg.model_name, input_shape, num_classes, cfg.seed)
+    return model.to(resolve_device(cfg.device)), ParamLayout.of(model)
+
+
+@on_client_threads
+def train_task(
+    cfg: RunConfig,
+    partition: int,
+    config: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    sets: ArraySets | None = None,
+    state: MutableMapping[str, np.ndarray] | None = None,
+) -> tuple[dict[str, Any], Arrays, dict[str, Arrays]]:
+    """Train from `arrays` as the task config says, running the strategy's client rules;
+    returns (metrics, delta or model, other named array sets). `state` is the client's
+    kept state, updated in place."""
+    started = time.perf_counter()
+    spec = TaskSpec.from_config(config)
+    model, layout = client_model(cfg)
+    start = layout.flatten(dict(arrays))
+    set_flat(model, start)
+    task = LocalTask(
+        cfg,
+        partition,
+        spec,
+        model,
+        layout,
+        start,
+        inputs={name: layout.flatten(dict(a)) for name, a in (sets or {}).items()},
+        state=dict(state or {}),
+    )
+    rules = rules_named(spec.rules, client_rules())
+    for rule in rules:
+        rule.before(task)
+    spec = task.spec  # a rule may have set the task's optimiser settings
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
+    loss = local_train(
+        model,
+        x,
+        y,
+        epochs=spec.local_epochs,
+        batch_size=spec.batch_size,
+        lr=spec.lr,
+        seed=spec.seed,
+        proximal_mu=spec.proximal_mu,
+        closed_form=cfg.trainer == "auto",
+        optimiser=Optimiser(spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip),
+        steps=spec.local_steps,
+        loss_terms=task.loss_terms,
+    )
+    trained = get_flat(model)
+    delta = trained - start
+    for rule in rules:
+        rule.after(task, trained, delta)
+    if state is not None:
+        state.clear()
+        state.update(task.state)
+    metrics: dict[str, Any] = {
+        ReplyKeys.TASK_ID: spec.task_id,
+        ReplyKeys.PARTITION_ID: partition,
+        ReplyKeys.NUM_EXAMPLES: len(y),
+        ReplyKeys.TRAIN_LOSS: loss,
+        **task.signals,
+    }
+    metrics[ReplyKeys.COMPUTE_SECONDS] = time.perf_counter() - started
+    result = layout.unflatten(delta if spec.returns == RETURN_DELTA else trained)
+    outputs = {name: layout.unflatten(vector) for name, vector in task.outputs.items()}
+    if spec.task_id in cfg.faults:
+        metrics, result, outputs = corrupt(cfg.faults[spec.task_id], metrics, result, outputs)
+    return metrics, result, outputs
+
+
+@on_client_threads
+def evaluate_task(
+    cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+) -> dict[str, Any]:
+    """Score `arrays` on this client's own held-out split."""
+    model, layout = client_model(cfg)
+    set_flat(model, layout.flatten(dict(arrays)))
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in client_holdout(cfg, partition))
+    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size)
+    return {
+        ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
+        ReplyKeys.PARTITION_ID: partition,
+        ReplyKeys.NUM_EXAMPLES: len(y),
+        ReplyKeys.ACCURACY: accuracy,
+        ReplyKeys.LOSS: loss,
+    }

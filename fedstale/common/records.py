@@ -1,0 +1,55 @@
+"""Flower records <-> plain arrays (kept apart from schema.py so that strategies, which
+import the schema, never import Flower)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+from fedstale.common.schema import ARRAYS, CONFIG, METRICS, set_key, set_name
+
+ArraySets = Mapping[str, Mapping[str, np.ndarray]]  # set name -> state-dict-like arrays
+
+
+def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {name: array.numpy() for name, array in record.items()}
+
+
+def message_content(
+    config: Mapping[str, Any] | None,
+    arrays: Mapping[str, np.ndarray] | None = None,
+    sets: ArraySets | None = None,
+    metrics: Mapping[str, Any] | None = None,
+) -> RecordDict:
+    """A RecordDict of the schema's records; both directions use it."""
+    content = RecordDict()
+    if config is not None:
+        content[CONFIG] = ConfigRecord(dict(config))
+    if metrics is not None:
+        content[METRICS] = MetricRecord(dict(metrics))
+    if arrays is not None:
+        content[ARRAYS] = to_array_record(arrays)
+    for name, values in (sets or {}).items():
+        content[set_key(name)] = to_array_record(values)
+    return content
+
+
+def decode_sets(content: RecordDict) -> dict[str, dict[str, np.ndarray]]:
+    """The extra named array sets of a message; raises ValueError/TypeError if malformed."""
+    sets = {}
+    for key in content:
+        name = set_name(key)
+        if name is None:
+            continue
+        record = content[key]
+        if not isinstance(record, ArrayRecord):
+            raise TypeError(f"'{key}' is not an ArrayRecord")
+        sets[name] = from_array_record(record)
+    return sets

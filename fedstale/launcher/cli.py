@@ -1,0 +1,302 @@
+"""`fedstale`: check a run config, then run the app in Flower simulation or locally.
+
+    fedstale check [--run-config "k=v ..."] [--federation-config "k=v ..."]
+    fedstale run   [--run-config "k=v ..."] [--federation-config "k=v ..."] [--app DIR]
+                   [--superlink NAME] [--overwrite]
+    fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
+                   (no Flower: the same engine, clients trained in N processes)
+    fedstale compare RUN... [--last K] [--target ACC] [--out DIR]
+                   (runs on one plot and one table: fedstale/launcher/compare.py)
+    fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
+                   (a local SuperLink and N SuperNodes: fedstale/launcher/deploy.py)
+
+`flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
+simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
+problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` and exits
+non-zero unless the run wrote its summary. On Flower's `local` connection it starts the local
+SuperLink itself and stops it afterwards (fedstale/launcher/local_link.py). `--local` runs the same
+engine and client code in this process, the clients' tasks on `--workers` cores; on the
+virtual clock its results equal Flower simulation's for the same seed. String values need no
+quotes here (`strategy=fedasync` works; Flower itself wants `strategy='fedasync'`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.launcher import compare, deploy
+from fedstale.launcher.launch import (
+    app_defaults,
+    federation_options,
+    flower_env,
+    merged_pairs,
+    resolve,
+    to_flower,
+    tool,
+)
+from fedstale.launcher.local_link import owned_local_superlink
+from fedstale.server_app.checkpoint import CHECKPOINT_FILE
+from fedstale.server_app.engine import EngineError
+from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
+from fedstale.server_app.results import runs_root
+from fedstale.strategies.registry import load_config
+
+
+def flower_command(
+    app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
+) -> list[str]:
+    fed_values = federation_options(federation)
+    fed_values.setdefault("num-supernodes", run.num_clients)
+    # Flower's Ray backend gives each ClientApp 2 CPUs unless told otherwise: one actor on a
+    # 2-core box. A ClientApp uses `client-threads` torch threads (1 by default).
+    fed_values.setdefault("client-resources-num-cpus", max(1, run.client_threads))
+    return [
+        tool("flwr"),
+        "run",
+        str(app),
+        *([superlink] if superlink else []),
+        "--stream",
+        "--run-config",
+        to_flower(overrides),
+        "--federation-config",
+        to_flower(fed_values),
+    ]
+
+
+def preflight(
+    app: Path, pairs: dict[str, Any], federation: str = ""
+) -> tuple[RunConfig, KebabModel, dict[str, Any]]:
+    """Every check that can be made before a run starts (config, federation options, runs
+    directory, the checkpoint to resume, an earlier run in the folder, the dataset): the
+    validated config, the strategy's keys and the overrides for Flower, or one ConfigError
+    line."""
+    from fedstale.server_app.experiment import prepare
+
+    run, overrides = resolve(app, pairs)
+    federation_options(federation)
+    _, params = load_config({**app_defaults(app), **overrides})
+    prepare(run, params, run.run_name)
+    return run, params, overrides
+
+
+def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
+    run, _, overrides = preflight(app, pairs, federation)
+    command = flower_command(app, overrides, federation, run, superlink)
+    print("fedstale: " + shlex.join(command), file=sys.stderr)
+    run_dir = runs_root(run.runs_dir) / run.run_name
+    started = time.time()
+    with owned_local_superlink(superlink):
+        died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
+    return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
+
+
+def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
+    """The engine in this process, clients' tasks on `workers` processes (1: in this one)."""
+    # The launcher joins both sides, as `flwr run` does; server_app's modules never do.
+    from fedstale.launcher.local import local_transport, pooled_transport
+    from fedstale.server_app.app import setup_logging
+    from fedstale.server_app.experiment import run_experiment
+
+    run, params, _ = preflight(app, pairs)
+    setup_logging()
+    workers = min(workers, run.concurrency)
+    run_dir = runs_root(run.runs_dir) / run.run_name
+    print(f"fedstale: {run.run_name} locally on {workers} worker(s)", file=sys.stderr)
+    started = time.time()
+    try:
+        if workers == 1:
+            run_experiment(run, params, local_transport(run))
+        else:
+            with pooled_transport(run, workers) as transport:
+                run_experiment(run, params, transport)
+    except EngineError as err:
+        print(f"fedstale: {err}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("fedstale: interrupted", file=sys.stderr)
+    failure = failure_message(run_dir, False, pairs, "", local=True)
+    return report(run, run_dir, started, failure)
+
+
+def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
+    """The closing line (the result, or `failure`: what failed and how to resume) and the
+    exit code."""
+    if not finished(run_dir, started):
+        print(failure, file=sys.stderr)
+        return 1
+    result = json.loads((run_dir / "summary.json").read_text())
+    print(
+        f"fedstale: {run.run_name}: final accuracy {result['final_accuracy']:.4f}, "
+        f"best {result['best_accuracy']:.4f}, results in {run_dir}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def finished(run_dir: Path, started: float) -> bool:
+    """This run wrote its summary (a resumed run's folder may hold an older one)."""
+    summary = run_dir / "summary.json"
+    return summary.is_file() and summary.stat().st_mtime >= started
+
+
+def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:
+    """Wait for `flwr run` to end; True when the ServerApp died under it."""
+    while flower.poll() is None:
+        time.sleep(1.0)
+        if server_died(run_dir, started) and not finished(run_dir, started):
+            flower.terminate()  # only the streaming client; Flower notices the dead run later
+            flower.wait(30)
+            return True
+    return False
+
+
+def failure_message(
+    run_dir: Path, died: bool, pairs: dict[str, Any], superlink: str, local: bool = False
+) -> str:
+    """One line on what happened, and the command that resumes when a checkpoint exists."""
+    if died:
+        head = (
+            f"fedstale: the ServerApp died: its heartbeat in {run_dir} stopped "
+            f"{STALE_SECONDS:g} s ago and no summary.json was written"
+        )
+    else:
+        head = f"fedstale: the run failed (no {run_dir / 'summary.json'}); see the log above"
+    saved = run_dir / CHECKPOINT_FILE
+    if not saved.is_file():
+        return head
+    pairs = {**pairs, "run-name": run_dir.name, "resume-from": str(run_dir)}
+    resume = [tool("fedstale"), "run", *(["--superlink", superlink] if superlink else [])]
+    resume += ["--local"] if local else []
+    resume += ["--run-config", to_flower(pairs)]
+    return f"{head}\nfedstale: resume from its last checkpoint with:\n  {shlex.join(resume)}"
+
+
+def stop_on_sigterm() -> None:
+    """SIGTERM (a `kill`, a timeout) unwinds like Ctrl-C, so what the run started is
+    stopped on the way out."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `fedstale` command. SIGTERM unwinds it (`stop_on_sigterm`) while it runs; the
+    caller's own handler is back when it returns, so an in-process caller (a test run, a
+    notebook) keeps its behaviour: a SIGTERM meant for pytest ended whichever test was
+    running as 'SystemExit 143' and the session went on, once this handler had leaked."""
+    argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is not threading.main_thread():
+        return command(argv)
+    previous = signal.getsignal(signal.SIGTERM)
+    stop_on_sigterm()
+    try:
+        return command(argv)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+COMMANDS = ("check", "run", "deploy", "compare")
+
+
+def version_line() -> str:
+    from fedstale import __version__
+    from fedstale.server_app.provenance import version_of
+
+    return f"fedstale {__version__} (flwr {version_of('flwr')}, torch {version_of('torch')})"
+
+
+def top_parser() -> argparse.ArgumentParser:
+    """`fedstale --help`: the subcommands, each with a --help of its own."""
+    parser = argparse.ArgumentParser(
+        prog="fedstale",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n")[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("command", choices=COMMANDS, help="see `fedstale COMMAND --help`")
+    parser.add_argument("--version", action="version", version=version_line())
+    return parser
+
+
+def run_parser(name: str) -> argparse.ArgumentParser:
+    """`fedstale check` and `fedstale run`."""
+    what = {"check": "validate a run config", "run": "run the app (Flower, or --local)"}
+    parser = argparse.ArgumentParser(prog=f"fedstale {name}", description=what[name])
+    parser.add_argument(
+        "--run-config",
+        action="append",
+        help="key=value pairs over the defaults (repeatable: later ones win)",
+    )
+    parser.add_argument("--federation-config", default="", help="Flower simulation options")
+    parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    if name == "check":
+        parser.set_defaults(superlink="", local=False, overwrite=False, workers=None)
+        return parser
+    parser.add_argument(
+        "--superlink", default="", help="SuperLink connection name (default: Flower's default)"
+    )
+    parser.add_argument(
+        "--local", action="store_true", help="run without Flower, clients on local cores"
+    )
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="reuse a run-name whose folder holds a run (that run is moved aside, not deleted)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="with --local: processes training clients (default: the core count)",
+    )
+    return parser
+
+
+def command(argv: list[str]) -> int:
+    if not argv or argv[0] not in COMMANDS:
+        top_parser().parse_args(argv[:1] or ["--help"])
+    name, rest = argv[0], argv[1:]
+    if name == "compare":
+        return compare.main(rest)
+    if name == "deploy":
+        try:
+            return deploy.main(rest)
+        except ConfigError as err:
+            print(f"fedstale: {err}", file=sys.stderr)
+            return 2
+    parser = run_parser(name)
+    args = parser.parse_args(rest)
+    local, workers, superlink = args.local, args.workers, args.superlink
+    if not local and workers is not None:
+        parser.error("--workers goes with --local")
+    if local and (superlink or args.federation_config):
+        parser.error("--local runs without Flower; drop --superlink and --federation-config")
+    if workers is not None and workers < 1:
+        parser.error("--workers must be at least 1")
+    app = args.app.resolve()
+    try:
+        pairs = merged_pairs(args.run_config)
+        if args.overwrite:
+            pairs["overwrite"] = True
+        if name == "check":
+            run, _, _ = preflight(app, pairs, args.federation_config)
+            print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
+            return 0
+        if local:
+            return run_local(app, pairs, workers or len(os.sched_getaffinity(0)))
+        return run_simulation(app, pairs, args.federation_config, superlink)
+    except ConfigError as err:
+        print(f"fedstale: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

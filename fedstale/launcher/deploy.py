@@ -1,0 +1,371 @@
+"""A real local deployment without docker: one `flower-superlink` and N `flower-supernode`
+processes on 127.0.0.1, the app run on them with `flwr run`, everything stopped by PID.
+
+    fedstale deploy --nodes 3 [--delays 0,1,4] [--tls] [--database PATH]
+                    [--run-config "k=v ..."] [--keep-dir DIR] [--edges E]
+
+Each SuperNode gets `--node-config "partition-id=i num-partitions=N delay-seconds=d"`; the
+ClientApp sleeps `delay-seconds` after training (injected latency). With `--edges E` (MAFSA,
+HierFedAvg) the nodes form E edges of consecutive partitions, each node naming its edge
+(`edge-id=k`), and the run gets `mafsa-edges=E`. The run uses the wall clock unless
+`clock=virtual` is given. The same flags appear in docker/compose.yml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedstale.common.config import ConfigError
+from fedstale.launcher.launch import flower_env, parse_pairs, resolve, to_flower, tool
+
+CONNECTION = "fedstale-local"
+SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+# Wall-clock defaults of a deployment; the user's --run-config wins.
+WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
+HIERARCHICAL = ("mafsa", "hierfedavg")  # the rules whose nodes may name an edge
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout: float, process: subprocess.Popen, name: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{name} exited with code {process.returncode}")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{name}: nothing listens on 127.0.0.1:{port} after {timeout} s")
+
+
+def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """SIGTERM the process group, then SIGKILL what is left."""
+    if process.poll() is not None:
+        return
+    try:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(grace)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(5)
+    except ProcessLookupError:
+        pass
+
+
+def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+    with log.open("a") as handle:
+        return subprocess.Popen(
+            command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """(pid, command line) of every process below `root`, read from /proc."""
+    children: dict[int, list[int]] = {}
+    commands: dict[int, str] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+            commands[int(entry.name)] = command.decode(errors="replace")
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, stack = [], list(children.get(root, []))
+    while stack:
+        pid = stack.pop()
+        found.append((pid, commands.get(pid, "")))
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop a process group and every process below its leader that left the group
+    (Flower's SuperLink starts a SuperExec, which starts the simulation or ServerApp)."""
+    below = [pid for pid, _ in descendants(process.pid)] if process.poll() is None else []
+    stop(process, grace)
+    for pid in below:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def run_script(name: str, *args: str) -> None:
+    script = Path(__file__).resolve().parents[2] / "docker" / name
+    result = subprocess.run(
+        ["bash", str(script), *args], capture_output=True, text=True, check=False
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"docker/{name} failed: {result.stderr.strip()[-500:]}")
+
+
+def make_keys(folder: Path, count: int) -> None:
+    """ECDSA P-384 key pairs supernode-<i>(.pub) for SuperNode authentication."""
+    run_script("keys.sh", str(folder), str(count))
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """The SuperLink's certificate and key, and the CA that signed them (docker/certs.sh)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def make(cls, folder: Path) -> TlsFiles:
+        run_script("certs.sh", str(folder))
+        return cls(folder / "ca.crt", folder / "server.pem", folder / "server.key")
+
+
+@dataclass
+class LocalDeployment:
+    """A SuperLink and its SuperNodes; `home` holds FLWR_HOME, logs and state."""
+
+    home: Path
+    num_nodes: int
+    delays: list[float] = field(default_factory=list)
+    tls: TlsFiles | None = None
+    database: Path | None = None
+    auth_keys: Path | None = None  # a folder of supernode-<i> keys: SuperNode authentication
+    simulation: bool = False  # a simulation SuperLink: Flower runs the ClientApps itself
+    task_poll_interval: float = 0.1
+    edges: int = 0  # > 0: node i names edge-id i * edges // num_nodes (MAFSA's topology)
+    port: int = field(default_factory=free_port)
+    superlink: subprocess.Popen | None = None
+    nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
+    node_ports: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def env(self) -> dict[str, str]:
+        return flower_env(FLWR_HOME=str(self.home))
+
+    def security(self) -> list[str]:
+        return ["--insecure"] if self.tls is None else []
+
+    def superlink_command(self) -> list[str]:
+        command = [tool("flower-superlink"), *self.security()]
+        if self.tls is not None:
+            command += ["--ssl-ca-certfile", str(self.tls.ca)]
+            command += ["--ssl-certfile", str(self.tls.cert), "--ssl-keyfile", str(self.tls.key)]
+        if self.database is not None:
+            command += ["--database", str(self.database)]
+        if self.auth_keys is not None:
+            command += ["--enable-supernode-auth"]
+        if self.simulation:
+            command += ["--simulation"]
+        local = ["--host", "127.0.0.1", "--port", str(self.port)]
+        return [*command, "--disable-runtime-dependency-installation", *local]
+
+    def node_command(self, partition: int, insecure: bool = False) -> list[str]:
+        delay = self.delays[partition % len(self.delays)] if self.delays else 0.0
+        port = self.node_ports.setdefault(partition, free_port())
+        if insecure or self.tls is None:
+            security = ["--insecure"]
+        else:
+            security = ["--root-certificates", str(self.tls.ca)]
+        if self.auth_keys is not None:
+            security += ["--auth-supernode-private-key", str(self.key_of(partition))]
+        node_config = f"partition-id={partition} num-partitions={self.num_nodes}"
+        node_config += f" delay-seconds={delay:g}"
+        if self.edges:
+            node_config += f" edge-id={self.edge_of(partition)}"
+        return [
+            tool("flower-supernode"),
+            *security,
+            "--superlink",
+            self.address,
+            "--port",
+            str(port),
+            "--node-config",
+            node_config,
+        ]
+
+    def edge_of(self, partition: int) -> int:
+        return partition * self.edges // self.num_nodes
+
+    def write_connection(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        security = "insecure = true" if self.tls is None else f'root-certificates = "{self.tls.ca}"'
+        (self.home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+            f'[superlink.{CONNECTION}]\naddress = "{self.address}"\n{security}\n'
+        )
+
+    def key_of(self, partition: int) -> Path:
+        assert self.auth_keys is not None
+        return self.auth_keys / f"supernode-{partition}"
+
+    def register(self, partition: int) -> None:
+        """`flwr supernode register` the node's public key with the SuperLink."""
+        public_key = f"{self.key_of(partition)}.pub"
+        command = [tool("flwr"), "supernode", "register", public_key, CONNECTION]
+        result = subprocess.run(command, env=self.env, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            raise RuntimeError(f"registering {public_key} failed: {result.stdout[-500:]}")
+
+    def start(self) -> LocalDeployment:
+        self.write_connection()
+        self.superlink = spawn(self.superlink_command(), self.env, self.home / "superlink.log")
+        wait_for_port(self.port, 60.0, self.superlink, "flower-superlink")
+        if self.auth_keys is not None:
+            make_keys(self.auth_keys, self.num_nodes)
+        for partition in range(self.num_nodes):
+            if self.auth_keys is not None:
+                self.register(partition)
+            self.start_node(partition)
+        return self
+
+    def start_node(self, partition: int, insecure: bool = False) -> subprocess.Popen:
+        env = {**self.env, SUPERNODE_POLL_ENV: f"{self.task_poll_interval:g}"}
+        log = self.home / f"supernode-{partition}.log"
+        self.nodes[partition] = spawn(self.node_command(partition, insecure), env, log)
+        return self.nodes[partition]
+
+    def kill_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
+        """Signal a SuperNode's whole process group (its ClientApps die with it)."""
+        process = self.nodes[partition]
+        os.killpg(process.pid, sig)
+        process.wait(30)
+
+    def app_command(self, app: Path, overrides: dict[str, Any]) -> list[str]:
+        """`fedstale run` against this SuperLink, with the wall-clock defaults."""
+        config = deployment_config(self.num_nodes, overrides, self.edges)
+        run_config = ["--run-config", to_flower(config)]
+        return [tool("fedstale"), "run", "--app", str(app), "--superlink", CONNECTION, *run_config]
+
+    def run_app(
+        self, app: Path, overrides: dict[str, Any], timeout: float, capture: bool = True
+    ) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            self.app_command(app, overrides),
+            env=self.env,
+            capture_output=capture,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    def launch_app(self, app: Path, overrides: dict[str, Any], log: Path) -> subprocess.Popen:
+        """The same in the background, its output to `log` (tests watch it)."""
+        return spawn(self.app_command(app, overrides), self.env, log)
+
+    def serverapp_pids(self) -> list[int]:
+        """`flwr-serverapp` processes started under this SuperLink (to crash one on purpose)."""
+        if self.superlink is None:
+            return []
+        return [pid for pid, cmd in descendants(self.superlink.pid) if "flwr-serverapp" in cmd]
+
+    def stop(self) -> None:
+        for process in self.nodes.values():
+            stop(process)
+        if self.superlink is not None:
+            stop_tree(self.superlink)
+
+    def __enter__(self) -> LocalDeployment:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def deployment_config(num_nodes: int, overrides: dict[str, Any], edges: int = 0) -> dict[str, Any]:
+    """The wall-clock defaults, one client per node all training at once, then the user's
+    (with `edges`, also the edge count)."""
+    topology = {"mafsa-edges": edges} if edges else {}
+    base = {**WALL_DEFAULTS, "num-clients": num_nodes, "concurrency": num_nodes, **topology}
+    return {**base, **overrides}
+
+
+def check_edges(edges: int, nodes: int, overrides: dict[str, Any]) -> None:
+    """--edges is for the hierarchical rules, with at least one node per edge."""
+    if not edges:
+        return
+    strategy = overrides.get("strategy")
+    if strategy not in HIERARCHICAL:
+        raise ConfigError(
+            "--edges needs strategy mafsa or hierfedavg (--run-config 'strategy=mafsa'), "
+            f"not {strategy or 'the default'}"
+        )
+    if not 1 <= edges <= nodes:
+        raise ConfigError(f"--edges {edges}: give 1 to --nodes ({nodes}) edges")
+    named = overrides.get("mafsa-edges")
+    if named is not None and named != edges:
+        raise ConfigError(f"--edges {edges} and mafsa-edges={named} disagree; give one")
+
+
+def parse_delays(text: str) -> list[float]:
+    try:
+        delays = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        message = f"--delays '{text}': write seconds separated by commas, e.g. 0,1,4"
+        raise ConfigError(message) from None
+    if any(d < 0 for d in delays):
+        raise ConfigError(f"--delays '{text}': delays cannot be negative")
+    return delays
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="fedstale deploy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--nodes", type=int, default=3, help="SuperNodes to start (clients)")
+    parser.add_argument("--delays", default="", help="injected seconds per node, cycled")
+    parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
+    parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    parser.add_argument("--tls", action="store_true", help="TLS with certificates made here")
+    parser.add_argument("--database", type=Path, help="SuperLink state file (persistent)")
+    parser.add_argument(
+        "--auth", action="store_true", help="SuperNode authentication (needs --tls)"
+    )
+    parser.add_argument("--keep-dir", type=Path, help="keep FLWR_HOME and logs here")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds for the run")
+    parser.add_argument(
+        "--edges", type=int, default=0, help="MAFSA / HierFedAvg: nodes form this many edges"
+    )
+    args = parser.parse_args(argv)
+    if args.nodes < 1:
+        raise ConfigError("--nodes must be at least 1")
+    app = args.app.resolve()
+    overrides = parse_pairs(args.run_config)
+    check_edges(args.edges, args.nodes, overrides)
+    resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
+    home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
+    home = home.resolve()
+    if args.auth and not args.tls:
+        raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    tls = TlsFiles.make(home / "certs") if args.tls else None
+    deployment = LocalDeployment(
+        home,
+        args.nodes,
+        parse_delays(args.delays),
+        tls=tls,
+        database=args.database,
+        auth_keys=home / "keys" if args.auth else None,
+        edges=args.edges,
+    )
+    print(f"fedstale: deployment in {home} (SuperLink {deployment.address})", file=sys.stderr)
+    with deployment:
+        print("fedstale: " + shlex.join(deployment.superlink_command()), file=sys.stderr)
+        result = deployment.run_app(app, overrides, args.timeout, capture=False)
+    return result.returncode

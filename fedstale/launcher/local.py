@@ -1,0 +1,19 @@
+"""Local running: the clients' work called in this process (or in worker processes), behind
+the engine's Transport interface (inprocess.py, pool.py beside this file), so that
+server_app never imports client_app."""
+
+from __future__ import annotations
+
+from fedstale.client_app.task import evaluate_task, train_task
+from fedstale.common.config import RunConfig
+from fedstale.launcher.inprocess import InProcessTransport
+from fedstale.launcher.pool import PooledTransport
+
+
+def local_transport(run: RunConfig) -> InProcessTransport:
+    return InProcessTransport(run, train_task, evaluate_task)
+
+
+def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
+    """Clients trained in `workers` processes; close it (or use `with`) when the run ends."""
+    return PooledTransport(run, train_task, evaluate_task, workers)

@@ -1,0 +1,38 @@
+"""fedstale ServerApp: validate the run config, then run the asynchronous engine."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedstale.common.config import ConfigError
+from fedstale.server_app.engine import EngineError
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.transport import GridTransport
+from fedstale.strategies.registry import load_config
+
+log = logging.getLogger("fedstale")
+app = ServerApp()
+
+
+def setup_logging() -> None:
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fedstale %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    setup_logging()
+    try:
+        run, params = load_config(context.run_config)
+        run_experiment(run, params, GridTransport(grid, run.task_ttl))
+    except (ConfigError, EngineError) as err:
+        log.error("%s", err)
+        raise SystemExit(2) from None

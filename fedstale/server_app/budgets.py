@@ -1,0 +1,62 @@
+"""What the engine counts (tasks by how they ended, seconds per phase) and when a run has
+spent its budget."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from fedstale.common.config import RunConfig
+
+TIME_BUDGET = "time budget"
+
+
+@dataclass
+class Counters:
+    dispatched: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    failed: int = 0
+    superseded: int = 0
+    client_compute_seconds: float = 0.0
+
+
+class Stopwatch:
+    """Seconds the engine spends in each phase (where the overhead goes)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - start
+
+
+def time_budget(run: RunConfig) -> float:
+    return run.max_virtual_time or math.inf
+
+
+def spent(
+    run: RunConfig, version: int, accepted: int, wall_seconds: float, now: float, target_hit: bool
+) -> str:
+    """Why the run stops now ("" while it goes on): versions, updates, wall seconds, the
+    wall clock's time budget, or the target accuracy, in that order."""
+    if run.max_versions and version >= run.max_versions:
+        return f"version budget {run.max_versions}"
+    if run.max_updates and accepted >= run.max_updates:
+        return f"update budget {run.max_updates}"
+    if run.max_wall_seconds and wall_seconds >= run.max_wall_seconds:
+        return f"wall-time budget {run.max_wall_seconds:g} s"
+    if run.clock == "wall" and now >= time_budget(run):
+        return TIME_BUDGET
+    if target_hit:
+        return f"target accuracy {run.target_accuracy}"
+    return ""

@@ -1,0 +1,83 @@
+"""Which node serves which client (partition), learned by asking each new node once.
+
+Flower's node ids are random, so the engine addresses clients by partition id: a `query`
+message to every node that appears tells its partition. A node that restarts comes back
+with a new id and the same partition; the book then points the client at the new node.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from fedstale.common.schema import MSG_QUERY, ReplyKeys
+from fedstale.server_app.transport import Reply, Transport
+
+log = logging.getLogger("fedstale")
+
+
+@dataclass
+class NodeBook:
+    num_clients: int
+    client_of: dict[int, int] = field(default_factory=dict)
+    node_of: dict[int, int] = field(default_factory=dict)
+    queries: dict[str, int] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)
+    edge_of: dict[int, int] = field(default_factory=dict)  # client -> the edge its node names
+
+    @property
+    def clients(self) -> list[int]:
+        return sorted(self.node_of)
+
+    def refresh(self, transport: Transport) -> list[int]:
+        """Query nodes seen for the first time; forget nodes gone, and return those."""
+        online = set(transport.node_ids())
+        lost = [n for n in self.client_of if n not in online]
+        for node in lost:
+            client = self.client_of.pop(node)
+            if self.node_of.get(client) == node:
+                del self.node_of[client]
+            log.warning("node %d (client %d) went offline", node, client)
+        asked = set(self.queries.values())
+        for node in sorted(online - set(self.client_of) - asked - self.refused):
+            self.queries[transport.send(node, MSG_QUERY, {})] = node
+        return lost
+
+    def forget(self, node: int) -> None:
+        """Drop a node the SuperLink no longer accepts messages for; a later refresh
+        registers it again if it is still listed online."""
+        client = self.client_of.pop(node, None)
+        if client is not None and self.node_of.get(client) == node:
+            del self.node_of[client]
+
+    def collect(self, transport: Transport) -> None:
+        if self.queries:
+            for reply in transport.receive(list(self.queries)):
+                self._register(self.queries.pop(reply.msg_id), reply)
+
+    def _register(self, node: int, reply: Reply) -> None:
+        """Book the node's client, or refuse the node once, with one line, for the run (a
+        restarted node comes back with a new id and is asked again)."""
+        client = reply.metrics.get(ReplyKeys.PARTITION_ID)
+        if reply.problem:
+            problem = reply.problem
+        elif reply.error_code is not None or reply.invalid:
+            problem = f"its query failed ({reply.error or reply.invalid}); check its log"
+        elif not isinstance(client, int) or not 0 <= client < self.num_clients:
+            problem = f"it reports partition-id {client!r}, outside 0..{self.num_clients - 1}"
+        else:
+            problem = ""
+        if problem:
+            log.error("node %d gets no work: %s", node, problem)
+            self.refused.add(node)
+            return
+        assert isinstance(client, int)
+        previous = self.node_of.get(client)
+        if previous is not None and previous in self.client_of:
+            log.warning("node %d also claims client %d (held by node %d)", node, client, previous)
+        self.client_of[node] = client
+        self.node_of[client] = node
+        edge = reply.metrics.get(ReplyKeys.EDGE_ID)
+        if isinstance(edge, int):
+            self.edge_of[client] = edge
+        log.debug("node %d serves client %d", node, client)

@@ -1,0 +1,119 @@
+"""Progress while the engine runs: a rich bar with an ETA on a terminal, otherwise a
+one-line log report every few wall seconds (what a log file or Flower's stream wants)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedstale.server_app.engine import Engine
+
+log = logging.getLogger("fedstale")
+
+
+def budget_share(engine: Engine) -> float:
+    """How far the run is through its nearest budget (0..1; 0 when it has none)."""
+    run, counters = engine.run, engine.counters
+    shares = [
+        (engine.clock.now(), run.max_virtual_time),
+        (counters.accepted, run.max_updates),
+        (engine.version, run.max_versions),
+        (time.monotonic() - engine.wall_start, run.max_wall_seconds),
+    ]
+    return min(1.0, max((done / budget for done, budget in shares if budget), default=0.0))
+
+
+def latest_accuracy(engine: Engine) -> float:
+    return engine.evaluations[-1].accuracy if engine.evaluations else math.nan
+
+
+class Progress:
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.last = time.monotonic()
+
+    def __call__(self, engine: Engine) -> None:
+        now = time.monotonic()
+        if now - self.last < self.interval:
+            return
+        self.last = now
+        run, counters = engine.run, engine.counters
+        elapsed = now - engine.wall_start
+        budget = run.max_virtual_time
+        clock = f"t={engine.clock.now():,.0f}" + (f"/{budget:,.0f}" if budget else "")
+        share = budget_share(engine)
+        eta = f" eta {elapsed * (1 - share) / share:,.0f}s" if 0 < share < 1 else ""
+        log.info(
+            "[%s] %s v=%d updates=%d rejected=%d lost=%d acc=%.4f %.1f upd/s%s",
+            run.strategy,
+            clock,
+            engine.version,
+            counters.accepted,
+            counters.rejected,
+            counters.failed,
+            latest_accuracy(engine),
+            counters.accepted / max(elapsed, 1e-9),
+            eta,
+        )
+
+    def close(self) -> None:
+        """Nothing to tear down for log lines."""
+
+
+class ProgressBar:
+    """A rich bar over the run's nearest budget, with the version, updates and accuracy."""
+
+    STEPS = 1000
+
+    def __init__(self) -> None:
+        from rich.progress import (
+            BarColumn,
+            TaskProgressColumn,
+            TextColumn,
+            TimeElapsedColumn,
+            TimeRemainingColumn,
+        )
+        from rich.progress import Progress as RichProgress
+
+        self.bar = RichProgress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[status]}"),
+            transient=False,
+        )
+        self.task = self.bar.add_task("", total=self.STEPS, status="", start=True)
+        self.bar.start()
+        # Log lines go above the bar: rich's stand-in for stderr while the bar is live.
+        self.handlers = [h for h in log.handlers if isinstance(h, logging.StreamHandler)]
+        self.streams = [h.setStream(sys.stderr) for h in self.handlers]
+
+    def __call__(self, engine: Engine) -> None:
+        counters = engine.counters
+        status = (
+            f"v={engine.version} updates={counters.accepted} rejected={counters.rejected} "
+            f"lost={counters.failed} acc={latest_accuracy(engine):.4f}"
+        )
+        self.bar.update(
+            self.task,
+            completed=round(budget_share(engine) * self.STEPS),
+            description=f"[{engine.run.strategy}] t={engine.clock.now():,.0f}",
+            status=status,
+        )
+
+    def close(self) -> None:
+        self.bar.stop()
+        for handler, stream in zip(self.handlers, self.streams, strict=True):
+            handler.setStream(stream)
+
+
+def progress_for(interval: float) -> Progress | ProgressBar:
+    """The bar when stderr is a terminal (rich draws there), else the log line."""
+    return ProgressBar() if sys.stderr.isatty() else Progress(interval)

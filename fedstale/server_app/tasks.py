@@ -1,0 +1,85 @@
+"""The engine's book of tasks: those in flight (by task id and by message id), the replies
+that are in but not yet handled (the clock decides when), the ids already answered, and
+superseded messages whose late replies are still to be dropped."""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from fedstale.server_app.clock import Task
+from fedstale.server_app.transport import Reply
+
+log = logging.getLogger("fedstale")
+
+
+class TaskBook:
+    def __init__(self) -> None:
+        self.tasks: dict[int, Task] = {}
+        self.by_msg: dict[str, int] = {}
+        self.arrived: dict[int, Reply] = {}
+        self.answered: set[int] = set()
+        self.superseded: dict[str, int] = {}  # message id of a superseded task -> its node
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    @property
+    def busy(self) -> set[int]:
+        return {t.client for t in self.tasks.values()}
+
+    def per_client(self) -> Counter[int]:
+        return Counter(t.client for t in self.tasks.values())
+
+    def add(self, task: Task) -> None:
+        self.tasks[task.task_id] = task
+        self.by_msg[task.msg_id] = task.task_id
+
+    def watched(self) -> list[str]:
+        """The message ids whose replies the engine still wants to see."""
+        return [*self.by_msg, *self.superseded]
+
+    def sort(self, reply: Reply) -> Task | None:
+        """The task a fresh reply answers; None for a reply to drop (superseded, unknown)."""
+        if self.superseded.pop(reply.msg_id, None) is not None:
+            log.debug("discarded the reply to superseded message %s", reply.msg_id)
+            return None
+        task_id = self.by_msg.pop(reply.msg_id, None)
+        if task_id is None:
+            log.warning("ignored a reply to unknown message %s", reply.msg_id)
+            return None
+        return self.tasks[task_id]
+
+    def drop(self, task: Task) -> None:
+        """Forget a task that ended without an update."""
+        self.tasks.pop(task.task_id, None)
+        self.by_msg.pop(task.msg_id, None)
+        self.arrived.pop(task.task_id, None)
+
+    def withdraw(self, task_id: int) -> Task | None:
+        """Take a task out of flight; a reply still to come is dropped when it arrives."""
+        task = self.tasks.pop(task_id, None)
+        if task is None:
+            return None
+        self.by_msg.pop(task.msg_id, None)
+        if self.arrived.pop(task_id, None) is None:
+            self.superseded[task.msg_id] = task.node
+        return task
+
+    def take(self, task: Task) -> Reply:
+        """The reply of a task the clock lets the engine handle now; the task is answered."""
+        self.tasks.pop(task.task_id)
+        self.answered.add(task.task_id)
+        return self.arrived.pop(task.task_id)
+
+    def overdue(self, now: float) -> list[Task]:
+        """Tasks past their deadline with no reply in."""
+        return [
+            t for t in self.tasks.values() if t.deadline < now and t.task_id not in self.arrived
+        ]
+
+    def on_nodes(self, gone: set[int]) -> list[Task]:
+        """Tasks of nodes that went offline; their superseded messages are forgotten."""
+        for msg_id in [m for m, node in self.superseded.items() if node in gone]:
+            del self.superseded[msg_id]
+        return [t for t in self.tasks.values() if t.node in gone]

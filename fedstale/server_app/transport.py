@@ -1,0 +1,194 @@
+"""The engine's only contact with Flower: push tasks, pull replies, list nodes.
+
+`GridTransport` wraps Flower's Grid (push_messages / pull_messages / get_node_ids). Replies
+come back as plain `Reply` records so that the engine's ordering logic can be driven by a
+scripted transport in unit tests.
+
+Pulls run in a thread of their own. Flower's `pull_messages` blocks until every object of
+every reply it took is downloaded; a node that dies mid-upload leaves a reply whose objects
+never come, and the pull then waits out the SuperLink's object-push session (180 s in
+Flower 1.41) before it answers with an error. A pull still running after `pull_wait` is left
+to finish on its own (its replies are delivered when it does) and the next `receive` starts
+a fresh one, so the other clients' replies, node refreshes and dispatch go on meanwhile.
+A late pull may bring replies that a different caller waits for (task replies and node
+queries share the transport), so replies wait in `ready` until someone asks for them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from fedstale.common.records import ArraySets, decode_sets, from_array_record, message_content
+from fedstale.common.schema import ARRAYS, CONFIG, METRICS, ReplyKeys
+
+log = logging.getLogger("fedstale")
+
+PULL_WAIT_SECONDS = 2.0
+UNCLAIMED_SECONDS = 60.0
+
+
+@dataclass
+class Reply:
+    """A reply to message `msg_id`: an error, or metrics with optional arrays (the main set)
+    and other named array sets. `invalid` is set when the content does not even have the
+    expected record types; `problem` is a node's own account of why it cannot serve."""
+
+    msg_id: str
+    error_code: int | None = None
+    error: str = ""
+    metrics: dict[str, Any] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] | None = None
+    sets: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    invalid: str = ""
+    problem: str = ""
+
+
+class SendRefused(RuntimeError):
+    """The SuperLink did not accept a message (its node has just left)."""
+
+
+class Transport(Protocol):
+    # True where the federation is simulated (Flower simulation, in-process): the server
+    # can score per-client models itself instead of sending evaluate messages.
+    simulated: bool
+
+    def node_ids(self) -> list[int]: ...
+
+    def send(
+        self,
+        node_id: int,
+        message_type: str,
+        config: Mapping[str, Any],
+        arrays: Mapping[str, np.ndarray] | None = None,
+        sets: ArraySets | None = None,
+    ) -> str: ...
+
+    def receive(self, msg_ids: Iterable[str]) -> list[Reply]: ...
+
+    def wait(self, seconds: float) -> None:
+        """The engine's idle poll: sleep, or less when the transport knows work finished."""
+        ...
+
+
+def reply_from_message(msg: Message) -> Reply:
+    msg_id = msg.metadata.reply_to_message_id
+    if msg.has_error():
+        return Reply(msg_id, error_code=int(msg.error.code), error=str(msg.error.reason))
+    config = msg.content.get(CONFIG)
+    problem = str(config.get(ReplyKeys.PROBLEM, "")) if isinstance(config, ConfigRecord) else ""
+    metrics = msg.content.get(METRICS)
+    if not isinstance(metrics, MetricRecord):
+        return Reply(msg_id, invalid="reply has no MetricRecord 'metrics'", problem=problem)
+    arrays = msg.content.get(ARRAYS)
+    if arrays is not None and not isinstance(arrays, ArrayRecord):
+        return Reply(msg_id, invalid="reply's 'arrays' is not an ArrayRecord")
+    try:
+        decoded = None if arrays is None else from_array_record(arrays)
+        sets = decode_sets(msg.content)
+    except (ValueError, TypeError) as err:
+        return Reply(msg_id, invalid=f"reply's arrays cannot be decoded: {err}")
+    return Reply(msg_id, metrics=dict(metrics), arrays=decoded, sets=sets, problem=problem)
+
+
+class Pull:
+    """One `grid.pull_messages` call on a daemon thread (a stuck one must not hold up exit)."""
+
+    def __init__(self, grid: Grid, msg_ids: list[str]) -> None:
+        self.started = time.monotonic()
+        self.done = threading.Event()
+        self.replies: list[Reply] = []
+        self.failure: BaseException | None = None
+        self.reported = False
+        threading.Thread(target=self._run, args=(grid, msg_ids), daemon=True).start()
+
+    def _run(self, grid: Grid, msg_ids: list[str]) -> None:
+        try:
+            self.replies = [reply_from_message(m) for m in grid.pull_messages(msg_ids)]
+        except BaseException as err:  # handed to the engine's thread by `result`
+            self.failure = err
+        finally:
+            self.done.set()
+
+    def result(self) -> list[Reply]:
+        if self.failure is not None:
+            raise self.failure
+        return self.replies
+
+
+class GridTransport:
+    """Transport over a Flower Grid (simulation or deployment alike)."""
+
+    def __init__(self, grid: Grid, ttl: float, pull_wait: float = PULL_WAIT_SECONDS) -> None:
+        self.grid = grid
+        self.simulated = type(grid).__name__ == "InMemoryGrid"  # Flower simulation's Grid
+        self.ttl = ttl
+        self.pull_wait = pull_wait
+        self.pulls: list[Pull] = []
+        self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
+
+    def node_ids(self) -> list[int]:
+        return sorted(int(n) for n in self.grid.get_node_ids())
+
+    def send(
+        self,
+        node_id: int,
+        message_type: str,
+        config: Mapping[str, Any],
+        arrays: Mapping[str, np.ndarray] | None = None,
+        sets: ArraySets | None = None,
+    ) -> str:
+        content = message_content(config, arrays, sets)
+        message = Message(content, dst_node_id=node_id, message_type=message_type, ttl=self.ttl)
+        ids = list(self.grid.push_messages([message]))
+        if not ids or not ids[0]:
+            raise SendRefused(f"the SuperLink refused a {message_type} message to node {node_id}")
+        return str(ids[0])
+
+    def wait(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
+        """Replies to `msg_ids` ready now: a fresh pull's (waited for up to `pull_wait`)
+        and those that earlier pulls have brought in since."""
+        wanted = set(msg_ids)
+        if wanted:
+            pull = Pull(self.grid, sorted(wanted))
+            self.pulls.append(pull)
+            pull.done.wait(self.pull_wait)
+        self._gather()
+        claimed = [msg_id for msg_id in self.ready if msg_id in wanted]
+        return [self.ready.pop(msg_id)[1] for msg_id in claimed]
+
+    def _gather(self) -> None:
+        """Move finished pulls' replies into `ready`; drop replies nobody asked for within
+        UNCLAIMED_SECONDS (their task was retired meanwhile)."""
+        finished, running = [], []
+        for pull in self.pulls:
+            (finished if pull.done.is_set() else running).append(pull)
+        self.pulls = running
+        for pull in running:
+            self._report_slow(pull)
+        now = time.monotonic()
+        for pull in finished:
+            self.ready.update((reply.msg_id, (now, reply)) for reply in pull.result())
+        for msg_id in [m for m, (at, _) in self.ready.items() if now - at > UNCLAIMED_SECONDS]:
+            del self.ready[msg_id]
+            log.info("dropped a reply to message %s: nothing awaits it any more", msg_id)
+
+    def _report_slow(self, pull: Pull) -> None:
+        if not pull.reported:
+            pull.reported = True
+            log.warning(
+                "a reply pull has run %.0f s (a node may have died while uploading); "
+                "the run goes on and its replies count when it finishes",
+                time.monotonic() - pull.started,
+            )

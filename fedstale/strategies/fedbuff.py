@@ -1,0 +1,49 @@
+"""FedBuff (Nguyen et al. 2022): buffered asynchronous aggregation.
+
+Deltas collect in a buffer of K; when it is full,
+w <- w + eta_g * (1/K) * sum_i (1 + tau_i)^-0.5 * delta_i (weights not renormalised).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from fedstale.common.config import KebabModel
+from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.staleness import Staleness
+
+DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
+
+
+class FedBuffParams(KebabModel):
+    fedbuff_server_lr: float = Field(1.0, gt=0)
+
+
+class FedBuff(Strategy):
+    name = "fedbuff"
+    Params = FedBuffParams
+    params: FedBuffParams
+    kept = ("buffer",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
+
+    def weight(self, staleness: int, version: int) -> float:
+        size = self.run.buffer_size
+        eta = self.params.fedbuff_server_lr * self.step_scale(version)
+        return eta / size * DISCOUNT(staleness)
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        batch = self.buffer.add(update)
+        if batch is None:
+            return Outcome()
+        weights = np.array([self.weight(u.staleness, view.version) for u in batch])
+        step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
+        self.model = (self.model + step).astype(np.float32)
+        records = [update_record(u, w) for u, w in zip(batch, weights, strict=True)]
+        return Outcome(changed=True, records=records)

@@ -1,0 +1,247 @@
+"""FedPSA (Lu et al., Algorithm 1, eq. 3-20; docs/algorithms.md): behavioural staleness.
+
+Clients send their delta and a k-float sketch of their parameter sensitivity on a shared
+calibration batch (eq. 8, 11). The server keeps a buffer of L_s updates and a thermometer
+queue Q of the last L_q squared update norms m_i = ||delta_i||^2 (eq. 16).
+M_0 = mean(Q) the first time Q is full, fixed afterwards; M_cur = mean(Q) (eq. 17);
+Temp = gamma * M_cur / M_0 + delta (eq. 18). When the buffer holds L_s updates, the server
+sketches the current global model on the same batch and projection, kappa_i =
+cos(sketch_i, sketch_g) (eq. 12), weights are uniform while Q has never been full and
+softmax(kappa / Temp) afterwards (eq. 19), and w <- w + sum_i weight_i delta_i (eq. 20).
+
+Ablations (paper Table 6): no-thermometer (Temp fixed at gamma + delta), no-sensitivity
+(sketches of the raw parameters), no-both. Calibration batch (Table 5): Gaussian from the
+run seed, or a real held-out batch the server binds and sends once per client.
+Diagnostic (Sec. 6.6, eq. 21-22): with `fedpsa-diagnostic`, every update also records
+align = cos(grad L(w_client; D_test), grad L(w_server; D_test)), w_client = w_base + delta.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field
+
+from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.federation import data_shape
+from fedstale.common.schema import InvalidReply, SignalKeys, SignalSpec
+from fedstale.common.sensitivity import sketch_for_task
+from fedstale.strategies.base import (
+    Aligner,
+    Outcome,
+    Setup,
+    Sketcher,
+    Strategy,
+    Update,
+    View,
+    update_record,
+)
+from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.client import ClientRule, LocalTask
+
+NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
+HISTORY = 256  # global versions kept for the diagnostic (an older base is not scored)
+
+
+class FedPSAParams(KebabModel):
+    fedpsa_sketch_dim: int = Field(16, ge=1)
+    fedpsa_queue: int = Field(50, ge=1)
+    fedpsa_gamma: float = Field(5.0, ge=0)
+    fedpsa_delta: float = Field(0.5, ge=0)
+    fedpsa_calib_size: int = Field(32, ge=1)
+    fedpsa_ablation: Literal["none", "no-thermometer", "no-sensitivity", "no-both"] = "none"
+    fedpsa_calib_source: Literal["gaussian", "real"] = "gaussian"
+    fedpsa_diagnostic: bool = False
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """Eq. 12, both norms clamped at >= 1e-12 (docs/algorithms.md)."""
+    norm = max(float(np.linalg.norm(a)), 1e-12) * max(float(np.linalg.norm(b)), 1e-12)
+    return float(np.dot(a, b) / norm)
+
+
+def squared_norm(vector: np.ndarray) -> float:
+    flat = vector.astype(np.float64)
+    return float(np.dot(flat, flat))
+
+
+def softmax(values: np.ndarray, temperature: float) -> np.ndarray:
+    scaled = values / temperature
+    exp = np.exp(scaled - scaled.max())
+    return exp / exp.sum()
+
+
+# ---------------------------------------------------------------- the client half
+
+
+class SensitivitySketch(ClientRule):
+    """FedPSA (eq. 8, 11): the k-float sketch of the trained model's parameter sensitivity
+    on the shared calibration batch, and ||delta||^2 for the thermometer (eq. 16)."""
+
+    name = "fedpsa-sketch"
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        sketch = sketch_for_task(task.model, task.spec.extra, *data_shape(task.cfg))
+        task.signals[SignalKeys.SKETCH] = [float(v) for v in sketch]
+        task.signals[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
+
+
+# ---------------------------------------------------------------- the server half
+
+
+class FedPSA(Strategy):
+    name = "fedpsa"
+    Params = FedPSAParams
+    params: FedPSAParams
+    client_rules = (SensitivitySketch(),)
+    kept = ("buffer", "queue", "m0", "calib_holders", "history")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
+        self.queue: deque[float] = deque(maxlen=self.params.fedpsa_queue)
+        self.m0: float | None = None
+        self.sketch_global: Sketcher | None = None
+        self.align: Aligner | None = None
+        self.calibration: dict[str, Any] = {}  # a real batch's task entries, bound by the server
+        self.calib_holders: set[int] = set()  # clients sent the real batch
+        self.history = {0: self.model.copy()} if self.params.fedpsa_diagnostic else {}
+
+    @classmethod
+    def check(cls, run: RunConfig, params: KebabModel) -> None:
+        assert isinstance(params, FedPSAParams)
+        if params.fedpsa_gamma == 0 and params.fedpsa_delta == 0:
+            raise ValueError("fedpsa-gamma and fedpsa-delta are both 0: the temperature is 0")
+
+    @property
+    def uses_thermometer(self) -> bool:
+        return self.params.fedpsa_ablation not in ("no-thermometer", "no-both")
+
+    @property
+    def sketch_of(self) -> str:
+        uses_sensitivity = self.params.fedpsa_ablation not in ("no-sensitivity", "no-both")
+        return "sensitivity" if uses_sensitivity else "params"
+
+    @property
+    def real_calibration(self) -> bool:
+        return self.params.fedpsa_calib_source == "real"
+
+    def bind(self, setup: Setup) -> None:
+        """The server's sketch of a global model on the clients' own batch and projection,
+        the real calibration batch when the rule uses one, the Sec. 6.6 aligner if asked."""
+        batch = None
+        if self.real_calibration:
+            entries, batch = setup.calibration(self.params.fedpsa_calib_size)
+            self.bind_calibration(entries)
+        settings = {k: v for k, v in self.task_extra(-1).items() if not isinstance(v, bytes)}
+        self.bind_sketcher(setup.sketcher(settings, batch))
+        if self.params.fedpsa_diagnostic:
+            self.bind_aligner(setup.aligner())
+
+    def bind_sketcher(self, sketcher: Sketcher) -> None:
+        """The server's sketch of a global model, on the clients' batch and projection."""
+        self.sketch_global = sketcher
+
+    def bind_calibration(self, entries: dict[str, Any]) -> None:
+        """The real batch's task entries (bytes and digest), sent once per client."""
+        self.calibration = entries
+
+    def bind_aligner(self, align: Aligner) -> None:
+        self.align = align
+
+    def task_extra(self, client: int) -> dict[str, Any]:
+        extra: dict[str, Any] = {
+            SignalKeys.SKETCH_K: self.params.fedpsa_sketch_dim,
+            SignalKeys.SKETCH_SEED: self.run.seed,
+            SignalKeys.SKETCH_OF: self.sketch_of,
+            SignalKeys.CALIB_SIZE: self.params.fedpsa_calib_size,
+            SignalKeys.CALIB_SEED: self.run.seed,
+            SignalKeys.CALIB_SOURCE: self.params.fedpsa_calib_source,
+        }
+        if self.real_calibration:
+            if not self.calibration:
+                raise RuntimeError("fedpsa-calib-source=real needs bind_calibration() first")
+            extra[SignalKeys.CALIB_DIGEST] = self.calibration[SignalKeys.CALIB_DIGEST]
+            if client not in self.calib_holders:
+                extra.update(self.calibration)
+        return extra
+
+    def on_dispatch(self, client: int) -> None:
+        if self.real_calibration:
+            self.calib_holders.add(client)
+
+    def on_task_lost(self, client: int) -> Outcome | None:
+        """The client may not have kept the batch (it errs when it lacks it): send again."""
+        self.calib_holders.discard(client)
+        return None
+
+    def signals(self) -> dict[str, SignalSpec]:
+        return {
+            SignalKeys.SKETCH: SignalSpec(self.params.fedpsa_sketch_dim),
+            SignalKeys.UPDATE_NORM_SQ: SignalSpec(),
+        }
+
+    def temperature(self) -> float:
+        gamma, delta = self.params.fedpsa_gamma, self.params.fedpsa_delta
+        if not self.uses_thermometer or self.m0 is None:
+            return gamma + delta
+        return gamma * float(np.mean(self.queue)) / self.m0 + delta
+
+    def validate(self, update: Update) -> None:
+        """The reported ||delta||^2 must match the delta that arrived."""
+        reported = float(update.signals[SignalKeys.UPDATE_NORM_SQ])
+        actual = squared_norm(update.vector)
+        if abs(reported - actual) > NORM_TOLERANCE * max(actual, 1e-12):
+            raise InvalidReply(
+                f"reported ||delta||^2 {reported:.6g} but the delta has {actual:.6g}"
+            )
+
+    def observe(self, update: Update) -> None:
+        """Thermometer: push m_i; fix M_0 the first time the queue is full (eq. 16-17)."""
+        self.queue.append(squared_norm(update.vector))
+        if self.m0 is None and len(self.queue) == self.queue.maxlen:
+            self.m0 = max(float(np.mean(self.queue)), 1e-12)
+
+    def weights(self, kappas: np.ndarray) -> tuple[np.ndarray, float]:
+        temp = self.temperature()
+        if self.m0 is None:
+            return np.full(len(kappas), 1.0 / len(kappas)), temp
+        return softmax(kappas, temp), temp
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        self.observe(update)
+        batch = self.buffer.add(update)
+        if batch is None:
+            return Outcome()
+        if self.sketch_global is None:
+            raise RuntimeError("FedPSA needs bind_sketcher() before it can aggregate")
+        global_sketch = self.sketch_global(self.model)
+        kappas = np.array([cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in batch])
+        weights, temp = self.weights(kappas)
+        weights = weights * self.step_scale(view.version)
+        step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
+        alignments = self.alignments(batch)
+        self.model = (self.model + step).astype(np.float32)
+        records = [
+            update_record(u, w, kappa=float(k), temp=temp, **a)
+            for u, w, k, a in zip(batch, weights, kappas, alignments, strict=True)
+        ]
+        if self.params.fedpsa_diagnostic:
+            self.history[view.version + 1] = self.model.copy()
+            self.history.pop(view.version + 1 - HISTORY, None)
+        return Outcome(changed=True, records=records)
+
+    def alignments(self, batch: list[Update]) -> list[dict[str, float]]:
+        """Eq. 22 for each buffered update against the global model before this step."""
+        if not self.params.fedpsa_diagnostic:
+            return [{} for _ in batch]
+        if self.align is None:
+            raise RuntimeError("fedpsa-diagnostic needs bind_aligner() before it can aggregate")
+        scored = [u for u in batch if u.base_version in self.history]
+        clients = [self.history[u.base_version] + u.vector for u in scored]
+        values = dict(
+            zip((u.task_id for u in scored), self.align(clients, self.model), strict=True)
+        )
+        return [{"align": values[u.task_id]} if u.task_id in values else {} for u in batch]

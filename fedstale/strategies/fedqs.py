@@ -1,0 +1,421 @@
+"""FedQS: semi-asynchronous FL with client-type adaptation (NeurIPS 2025;
+the exact rule is docs/algorithms.md's FedQS section, after the authors' `_multi` code).
+
+The rule's pieces as plain functions: the similarity computed at dispatch, the four client
+types, their lr / momentum actions and the feedback-weighted aggregation; each is
+unit-tested against values worked by hand (tests/test_fedqs.py).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+import numpy as np
+import torch
+from pydantic import Field
+
+from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.federation import client_data
+from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
+from fedstale.strategies.base import (
+    Assignment,
+    Outcome,
+    Setup,
+    Strategy,
+    Update,
+    View,
+    update_record,
+)
+from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.client import ClientRule, LocalTask
+
+FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
+TYPES = (FBC, SBC, FUC, SUC)
+SIMILARITIES = ("angle", "l1", "l2")
+Segments = Sequence[tuple[int, int]]  # (start, stop) of each parameter tensor in a flat vector
+
+
+def minmax_angle(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Degrees between `a` and `b` after min-max normalising each to [0, 1] (so 0-90);
+    None where either is constant (the authors skip such a tensor)."""
+    a64, b64 = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    spans = (a64.max() - a64.min(), b64.max() - b64.min())
+    if spans[0] == 0 or spans[1] == 0:
+        return None
+    na, nb = (a64 - a64.min()) / spans[0], (b64 - b64.min()) / spans[1]
+    cosine = float(na @ nb / (np.linalg.norm(na) * np.linalg.norm(nb)))
+    return math.degrees(math.acos(min(1.0, max(-1.0, cosine))))
+
+
+def similarity(a: np.ndarray, b: np.ndarray, segments: Segments, kind: str) -> float | None:
+    """Mean over parameter tensors of the min-max angle (`angle`), or of the L1 / L2 norm of
+    the difference (`l1`, `l2`: the authors' simi1 / simi2 ablations); None if no tensor
+    counts (angle: every tensor constant in a or b)."""
+    values = []
+    for start, stop in segments:
+        x, y = a[start:stop], b[start:stop]
+        if kind == "angle":
+            value = minmax_angle(x, y)
+        else:
+            diff = np.asarray(x, dtype=np.float64) - np.asarray(y, dtype=np.float64)
+            value = float(np.linalg.norm(diff, ord=1 if kind == "l1" else 2))
+        if value is not None:
+            values.append(value)
+    return float(np.mean(values)) if values else None
+
+
+def mean_nonzero(values: np.ndarray) -> float:
+    """The thresholds' rule: the mean of the non-zero entries (0 when there are none)."""
+    kept = values[values != 0]
+    return float(kept.mean()) if kept.size else 0.0
+
+
+def classify(speed: float, theta: float | None, speed_ths: float, theta_ths: float) -> str | None:
+    """A client's type, or None when it cannot be classified yet (no speed, no thresholds,
+    no angle)."""
+    if speed <= 0 or speed_ths <= 0 or theta_ths <= 0 or theta is None:
+        return None
+    fast, misaligned = speed > speed_ths, theta > theta_ths
+    if misaligned:
+        return FBC if fast else SBC
+    return FUC if fast else SUC
+
+
+def aligned_momentum(theta: float, theta_ths: float, m0: float, k: float, cap: float) -> float:
+    """FUC / SUC: m0 + min(k (m0 theta_ths / theta - m0), cap); m0 + cap at theta 0."""
+    if theta == 0:
+        return m0 + cap
+    return m0 + min(k * (m0 * theta_ths / theta - m0), cap)
+
+
+def new_lr(kind: str, lr: float, factor: float, a: float, bounds: tuple[float, float]) -> float:
+    """FBC keeps its lr, FUC lowers it by a F, SBC and SUC raise it by a F; clipped."""
+    step = {FBC: 0.0, SBC: a * factor, FUC: -a * factor, SUC: a * factor}[kind]
+    return min(bounds[1], max(bounds[0], lr + step))
+
+
+def speed_factor(speed: float, speed_ths: float, cap: float = 9.0) -> float:
+    """F = min(speed_ths / speed_i, 9)."""
+    return min(speed_ths / speed, cap)
+
+
+def aggregation_weights(
+    examples: np.ndarray,
+    counts: np.ndarray,
+    total_count: float,
+    flags: np.ndarray,
+    thetas: np.ndarray,
+    theta_bar: float,
+) -> np.ndarray:
+    """p_i = n_i / sum n; a flagged update's p_i *= (e/2)^(0.1 - f_i / sum_j f_j)
+    * (1 + min(theta_i / theta_bar, 2)^2); then renormalised. `counts`: each update's
+    client's f_i after this aggregation's increments; `total_count`: sum over all N."""
+    p = np.asarray(examples, dtype=np.float64) / float(np.sum(examples))
+    for i in np.flatnonzero(flags):
+        ratio = min(thetas[i] / theta_bar, 2.0) if theta_bar > 0 else 0.0
+        p[i] *= (math.e / 2) ** (0.1 - counts[i] / total_count) * (1 + ratio**2)
+    return p / p.sum()
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+class FedQSParams(KebabModel):
+    fedqs_a: float = Field(0.002, ge=0)  # lr step per unit of F
+    fedqs_m0: float = Field(0.1, ge=0, lt=1)
+    fedqs_momentum_gain: float = Field(20.0, ge=0)  # k of the aligned types' momentum
+    fedqs_momentum_cap: float = Field(0.4, ge=0, lt=1)
+    fedqs_lr_min: float = Field(1e-3, gt=0)
+    fedqs_lr_max: float = Field(0.2, gt=0)
+    fedqs_spread_limit: float = Field(30.0, ge=0)  # points of per-class accuracy spread
+    fedqs_ablation: Literal["none", "no-feedback", "no-flag-weight", "no-momentum"] = "none"
+    fedqs_similarity: Literal["angle", "l1", "l2"] = "angle"
+    fedqs_pseudo_gradient: Literal["delta", "previous-global"] = "delta"
+
+
+@dataclass
+class Sent:
+    """What a task carried: the client's type and theta at dispatch, the feedback flag, and
+    the lr and momentum it trained with."""
+
+    kind: str
+    theta: float | None
+    flag: bool
+    lr: float
+    momentum: float
+
+
+@dataclass
+class Queued(Sent):
+    """An update waiting in the K-FIFO, with what its task carried."""
+
+    update: Update
+
+
+class KFifo(Strategy):
+    """Semi-asynchronous: every arrival enters a FIFO; whenever it holds K (`buffer-size`)
+    the first K are aggregated. Subclasses say how (`combine`) and may adapt each task."""
+
+    kept: tuple[str, ...] = ("fifo",)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
+
+    def queued(self, update: Update) -> Queued:
+        return Queued("", None, False, self.run.lr, self.run.momentum, update)
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        batch = self.fifo.add(self.queued(update))
+        if batch is None:
+            return Outcome()
+        weights = self.combine(batch)
+        records = [
+            update_record(
+                q.update,
+                w,
+                type=q.kind,
+                theta=q.theta,
+                lr=q.lr,
+                momentum=q.momentum,
+                flag=int(q.flag),
+            )
+            for q, w in zip(batch, weights, strict=True)
+        ]
+        return Outcome(changed=True, records=records)
+
+    @abstractmethod
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        """Move the global model by the batch; the weights each update got."""
+
+    def apply(self, batch: list[Queued], weights: np.ndarray) -> None:
+        stacked = np.stack([q.update.vector for q in batch]).astype(np.float64)
+        if self.returns == RETURN_MODEL:
+            self.model = (weights @ stacked).astype(np.float32)
+        else:
+            self.model = (self.model + weights @ stacked).astype(np.float32)
+
+
+class SaflFedSGD(KFifo):
+    """SAFL FedSGD: w += (1/K) sum delta_i over the first K of the FIFO."""
+
+    name = "safl-fedsgd"
+
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        weights = np.full(len(batch), 1.0 / len(batch))
+        self.apply(batch, weights)
+        return weights
+
+
+class SaflFedAvg(SaflFedSGD):
+    """SAFL FedAvg: w = (1/K) sum w_i over the first K of the FIFO."""
+
+    name = "safl-fedavg"
+    returns = RETURN_MODEL
+
+
+# ---------------------------------------------------------------- the client half
+
+
+class ClassSpread(ClientRule):
+    """FedQS: a slow, misaligned client (SBC) measures the received model's per-class
+    accuracy spread on its own training data before it trains; a wide spread turns its
+    momentum off and raises the feedback flag. Every FedQS reply carries the task's flag,
+    the momentum it trained with and the spread (-1 where it was not asked for)."""
+
+    name = "fedqs-class-spread"
+
+    SAMPLES_PER_CLASS = 20
+    FEW = 10  # a class with fewer samples counts half
+
+    def before(self, task: LocalTask) -> None:
+        kind = str(task.spec.extra.get(RuleKeys.FEDQS_TYPE, ""))
+        task.signals[RuleKeys.FEDQS_FLAG] = 1.0 if kind == "FBC" else 0.0
+        task.signals[RuleKeys.FEDQS_SPREAD] = -1.0
+        if kind == "SBC":
+            spread = self.spread(task)
+            wide = spread >= float(task.spec.extra[RuleKeys.FEDQS_SPREAD_LIMIT])
+            momentum = 0.0 if wide else float(task.spec.extra[RuleKeys.FEDQS_M0])
+            task.spec = replace(task.spec, momentum=momentum)
+            task.signals[RuleKeys.FEDQS_FLAG] = float(wide)
+            task.signals[RuleKeys.FEDQS_SPREAD] = spread
+        task.signals[RuleKeys.FEDQS_MOMENTUM] = float(task.spec.momentum)
+
+    def spread(self, task: LocalTask) -> float:
+        """max - min, in points, of the per-class accuracy on up to 20 samples of each class
+        the client holds (halved for a class with fewer than 10)."""
+        x, y = client_data(task.cfg, task.partition, "train")
+        device = next(task.model.parameters()).device
+        accuracies = []
+        task.model.eval()
+        with torch.no_grad():
+            for label in torch.unique(y):
+                rows = torch.nonzero(y == label).flatten()
+                picked = rows[: self.SAMPLES_PER_CLASS]
+                guess = task.model(x[picked].to(device)).argmax(dim=1).cpu()
+                accuracy = float((guess == label).float().mean())
+                accuracies.append(accuracy / 2 if len(rows) < self.FEW else accuracy)
+        return 100.0 * (max(accuracies) - min(accuracies))
+
+
+# ---------------------------------------------------------------- the server half
+
+
+class FedQSSGD(KFifo):
+    """FedQS-SGD: clients classified at dispatch adapt lr and momentum; flagged updates get
+    the feedback weight; w += sum p_i delta_i."""
+
+    name = "fedqs-sgd"
+    Params = FedQSParams
+    params: FedQSParams
+    client_rules = (ClassSpread(),)
+    kept = (*KFifo.kept, "count", "speed", "theta", "lr", "momentum", "examples")
+    kept += ("speed_ths", "theta_ths", "previous_model", "last_delta", "started_from", "pending")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        n = self.run.num_clients
+        self.count = np.zeros(n)  # f_i: times aggregated
+        self.speed = np.zeros(n)
+        self.theta = np.zeros(n)  # latest theta_i (0: none yet)
+        self.lr = np.full(n, self.run.lr)
+        self.momentum = np.full(n, self.run.momentum)  # as lr, from the run until classified
+        self.examples = np.zeros(n)
+        self.speed_ths = 0.0
+        self.theta_ths = 0.0
+        self.previous_model: np.ndarray | None = None  # w^(t-1)
+        self.last_delta: dict[int, np.ndarray] = {}  # each client's previous update
+        self.started_from: dict[int, np.ndarray] = {}  # FedQS-Avg: each task's start model
+        self.pending: dict[int, Sent] = {}  # what each client's task in flight carries
+        self.segments: list[tuple[int, int]] = [(0, self.model.size)]
+
+    @classmethod
+    def check(cls, run: RunConfig, params: KebabModel) -> None:
+        assert isinstance(params, FedQSParams)
+        if params.fedqs_lr_min > params.fedqs_lr_max:
+            raise ValueError("fedqs-lr-min is above fedqs-lr-max")
+
+    def bind(self, setup: Setup) -> None:
+        self.bind_segments(list(setup.segments))
+
+    def bind_segments(self, segments: list[tuple[int, int]]) -> None:
+        """Where each parameter tensor lies in the flat vector (the angle is per tensor)."""
+        self.segments = list(segments)
+
+    # ------------------------------------------------------------ dispatch
+    def similarity_of(self, client: int) -> float | None:
+        if self.previous_model is None or client not in self.last_delta:
+            return None
+        pseudo = self.previous_model
+        if self.params.fedqs_pseudo_gradient == "delta":
+            pseudo = self.model - self.previous_model
+        kind = self.params.fedqs_similarity
+        return similarity(pseudo, self.last_delta[client], self.segments, kind)
+
+    def assign(self, client: int, view: View) -> Assignment:
+        p = self.params
+        theta = self.similarity_of(client)
+        if theta is not None:
+            self.theta[client] = theta
+        kind = classify(self.speed[client], theta, self.speed_ths, self.theta_ths) or ""
+        flag = kind == FBC
+        if kind:
+            factor = speed_factor(self.speed[client], self.speed_ths)
+            bounds = (p.fedqs_lr_min, p.fedqs_lr_max)
+            self.lr[client] = new_lr(kind, self.lr[client], factor, p.fedqs_a, bounds)
+            if kind == FBC:
+                self.momentum[client] = 0.0
+            elif kind in (FUC, SUC):
+                self.momentum[client] = aligned_momentum(
+                    theta or 0.0,
+                    self.theta_ths,
+                    p.fedqs_m0,
+                    p.fedqs_momentum_gain,
+                    p.fedqs_momentum_cap,
+                )
+        momentum = 0.0 if p.fedqs_ablation == "no-momentum" else float(self.momentum[client])
+        self.pending[client] = Sent(kind, theta, flag, float(self.lr[client]), momentum)
+        if self.returns == RETURN_MODEL:
+            self.started_from[client] = self.model
+        entries = {
+            RuleKeys.FEDQS_TYPE: kind,
+            RuleKeys.FEDQS_M0: 0.0 if p.fedqs_ablation == "no-momentum" else p.fedqs_m0,
+            RuleKeys.FEDQS_SPREAD_LIMIT: p.fedqs_spread_limit,
+        }
+        settings = {"lr": float(self.lr[client]), "momentum": momentum}
+        return Assignment(client, {ARRAYS: self.model}, entries, settings)
+
+    def on_task_lost(self, client: int) -> Outcome | None:
+        self.pending.pop(client, None)
+        self.started_from.pop(client, None)
+        return None
+
+    # ------------------------------------------------------------ replies
+    def signals(self) -> dict[str, SignalSpec]:
+        return {
+            RuleKeys.FEDQS_FLAG: SignalSpec(),
+            RuleKeys.FEDQS_MOMENTUM: SignalSpec(),
+            RuleKeys.FEDQS_SPREAD: SignalSpec(),
+        }
+
+    def validate(self, update: Update) -> None:
+        sent = self.pending.get(update.client)
+        if sent is None:
+            raise InvalidReply(f"no FedQS task of client {update.client} is in flight")
+        flag = update.signals[RuleKeys.FEDQS_FLAG]
+        if flag not in (0.0, 1.0):
+            raise InvalidReply(f"'{RuleKeys.FEDQS_FLAG}' is {flag}, not 0 or 1")
+        if sent.kind != SBC and bool(flag) != sent.flag:
+            raise InvalidReply(
+                f"the flag of a {sent.kind or 'unclassified'} task is the server's "
+                f"({int(sent.flag)}); the reply says {int(flag)}"
+            )
+
+    def queued(self, update: Update) -> Queued:
+        sent = self.pending.pop(update.client)
+        delta = update.vector
+        if self.returns == RETURN_MODEL:
+            delta = update.vector - self.started_from.pop(update.client)
+        self.last_delta[update.client] = delta
+        self.examples[update.client] = update.num_examples
+        flag = bool(update.signals[RuleKeys.FEDQS_FLAG])
+        momentum = float(update.signals[RuleKeys.FEDQS_MOMENTUM])
+        if sent.kind == SBC:
+            self.momentum[update.client] = momentum
+        return Queued(sent.kind, sent.theta, flag, sent.lr, momentum, update)
+
+    def combine(self, batch: list[Queued]) -> np.ndarray:
+        clients = [q.update.client for q in batch]
+        for client in clients:
+            self.count[client] += 1
+        total = float(self.count.sum())
+        ignore_flags = self.params.fedqs_ablation == "no-flag-weight"
+        if self.params.fedqs_ablation == "no-feedback":
+            weights = np.full(len(batch), 1.0 / len(batch))
+        else:
+            weights = aggregation_weights(
+                np.array([q.update.num_examples for q in batch]),
+                self.count[clients],
+                total,
+                np.array([q.flag and not ignore_flags for q in batch]),
+                np.array([q.theta or 0.0 for q in batch]),
+                mean_nonzero(self.theta),
+            )
+        self.previous_model = self.model
+        self.apply(batch, weights)
+        for client in clients:
+            self.speed[client] = self.count[client] / (total / self.run.num_clients)
+        self.speed_ths = mean_nonzero(self.speed)
+        self.theta_ths = mean_nonzero(self.theta)
+        return weights
+
+
+class FedQSAvg(FedQSSGD):
+    """FedQS-Avg: as FedQS-SGD, clients return models and w = sum p_i w_i."""
+
+    name = "fedqs-avg"
+    returns = RETURN_MODEL

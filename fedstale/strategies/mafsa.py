@@ -1,0 +1,109 @@
+"""MAFSA (Multi-level Asynchronous FL with Stale-model reuse; Algorithms 1-3, eq. 9-12):
+client-edge-cloud FL, synchronous at each edge, asynchronous at the cloud, the stale work of
+clients that dropped out reused (docs/algorithms.md, MAFSA).
+
+The edges' rounds, dropout schedule and edge aggregation are fedstale/strategies/hierarchy.py's;
+MAFSA adds the stale models (a returning client trains its last local model through the
+rounds it missed: `StaleTraining`, the rule's client half) and the asynchronous cloud:
+each edge upload moves the cloud model at once (eq. 12). Each function is unit-tested
+against values worked by hand (tests/test_mafsa.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from fedstale.common.federation import client_data
+from fedstale.common.models import get_flat, set_flat
+from fedstale.common.schema import STALE, RuleKeys
+from fedstale.common.training import Optimiser, local_train
+from fedstale.strategies.base import Update
+from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.hierarchy import Hierarchy
+
+CLOUD_RULES = ("delta", "mix")
+
+
+def cloud_step(
+    model: np.ndarray, theta: np.ndarray, base: np.ndarray, share: float, rule: str
+) -> np.ndarray:
+    """Eq. 12 when edge k uploads: `delta` w + rho_k (theta_k - w_base_k) (w_base_k the cloud
+    model the edge last received), `mix` (1 - rho_k) w + rho_k theta_k."""
+    w = model.astype(np.float64)
+    if rule == "delta":
+        return (w + share * (theta.astype(np.float64) - base)).astype(np.float32)
+    return ((1 - share) * w + share * theta.astype(np.float64)).astype(np.float32)
+
+
+# ---------------------------------------------------------------- the client half
+
+
+class StaleTraining(ClientRule):
+    """MAFSA (Alg. 2): a client back from E_i offline rounds does the offline work lazily:
+    its last local model (the task's `stale` set) trains E_i local updates, each as long
+    as the fresh one, with the lr decaying per offline round, and goes back beside the
+    fresh model."""
+
+    name = "mafsa-stale-training"
+
+    def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        rounds = int(task.spec.extra.get(RuleKeys.MAFSA_OFFLINE, 0))
+        if rounds <= 0:
+            return
+        spec, extra = task.spec, task.spec.extra
+        set_flat(task.model, task.inputs[STALE])
+        device = next(task.model.parameters()).device
+        x, y = (t.to(device) for t in client_data(task.cfg, task.partition, "train"))
+        lr, step = float(extra[RuleKeys.MAFSA_STALE_LR]), float(extra[RuleKeys.MAFSA_LR_STEP])
+        for offline_round in range(rounds):
+            local_train(
+                task.model,
+                x,
+                y,
+                epochs=spec.local_epochs,
+                batch_size=spec.batch_size,
+                lr=lr * step**offline_round,
+                seed=spec.seed + 1 + offline_round,
+                closed_form=task.cfg.trainer == "auto",
+                optimiser=Optimiser(
+                    spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip
+                ),
+                steps=spec.local_steps,
+            )
+        task.outputs[STALE] = get_flat(task.model)
+
+
+# ---------------------------------------------------------------- the server half
+
+
+class MAFSA(Hierarchy):
+    """Returning clients bring their offline work (eq. 9-11); each edge upload moves the
+    cloud model at once (eq. 12, `mafsa-cloud-rule`) and the edge goes on from it."""
+
+    name = "mafsa"
+    reuses_stale = True
+    client_rules = (StaleTraining(),)
+    kept = (*Hierarchy.kept, "initial", "local")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.initial = self.model.copy()
+        self.local: dict[int, np.ndarray] = {}  # each client's last local (fresh) model
+
+    def last_local(self, client: int) -> np.ndarray:
+        return self.local.get(client, self.initial)
+
+    def returned(self, update: Update, offline: int) -> None:
+        super().returned(update, offline)
+        self.local[update.client] = update.vector
+
+    def upload(self, k: int) -> bool:
+        edge = self.edges[k]
+        self.model = cloud_step(
+            self.model, edge.model, edge.base, self.share(k), self.params.mafsa_cloud_rule
+        )
+        edge.model, edge.base = self.model.copy(), self.model.copy()
+        self.cloud_updates += 1
+        return True
