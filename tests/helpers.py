@@ -136,8 +136,9 @@ UNKNOWN_STRATEGY = (
 
 def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
+    from fedstale.common.federation import run_model
     from fedstale.common.models import ParamLayout
-    from fedstale.server_app.experiment import server_model, setup_for
+    from fedstale.server_app.experiment import setup_for
 
-    model = server_model(run)
+    model = run_model(run)
     strategy.bind(setup_for(run, model, ParamLayout.of(model)))

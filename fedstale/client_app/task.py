@@ -13,13 +13,11 @@ import torch
 
 from fedstale.client_app.faults import corrupt
 from fedstale.common.config import RunConfig
-from fedstale.common.federation import client_data, client_holdout, data_shape
+from fedstale.common.federation import client_data, client_holdout, run_model
 from fedstale.common.models import (
     ParamLayout,
-    build_model,
     evaluate,
     get_flat,
-    resolve_device,
     set_flat,
 )
 from fedstale.common.records import ArraySets
@@ -35,9 +33,8 @@ Arrays = dict[str, np.ndarray]
 @cache
 def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
     """One model object per process and config, reloaded with each task's weights."""
-    input_shape, num_classes = data_shape(cfg)
-    model = build_model(cfg.model_name, input_shape, num_classes, cfg.seed)
-    return model.to(resolve_device(cfg.device)), ParamLayout.of(model)
+    model = run_model(cfg)
+    return model, ParamLayout.of(model)
 
 
 @on_client_threads

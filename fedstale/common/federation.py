@@ -20,6 +20,7 @@ import torch
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.data import Dataset, DatasetUnavailable, load_dataset, normalize
 from fedstale.common.files import write_atomically
+from fedstale.common.models import build_model, resolve_device
 from fedstale.common.partition import partition, split_validation
 
 HOLDOUT_FRACTION = 0.1
@@ -232,6 +233,14 @@ def _data_shape(key: FederationKey) -> tuple[tuple[int, ...], int]:
 def data_shape(cfg: RunConfig) -> tuple[tuple[int, ...], int]:
     """(input shape, number of classes) without building the federation when cached."""
     return _data_shape(FederationKey.of(cfg))
+
+
+def run_model(cfg: RunConfig) -> torch.nn.Module:
+    """The run's model, freshly initialised from its seed, on its device: the same weights
+    on the server and on every client."""
+    input_shape, num_classes = data_shape(cfg)
+    model = build_model(cfg.model_name, input_shape, num_classes, cfg.seed)
+    return model.to(resolve_device(cfg.device))
 
 
 @cache

@@ -19,15 +19,14 @@ from fedstale.common.federation import (
     effective_test_split,
     federation_of,
     require_dataset,
+    run_model,
     test_data,
 )
 from fedstale.common.latency import profile_for
 from fedstale.common.models import (
     ParamLayout,
-    build_model,
     evaluate,
     get_flat,
-    resolve_device,
     set_flat,
 )
 from fedstale.common.sensitivity import loss_gradient, sketch_for_task
@@ -54,13 +53,6 @@ from fedstale.strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
 DIAGNOSTIC_BATCH = 512  # held-out test samples behind each gradient of the Sec. 6.6 diagnostic
-
-
-def server_model(run: RunConfig) -> torch.nn.Module:
-    """The one model object the server scores and sketches with, loaded per use."""
-    fed = federation_of(run)
-    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
-    return model.to(resolve_device(run.device))
 
 
 def make_evaluator(run: RunConfig, model: torch.nn.Module) -> Evaluator:
@@ -241,7 +233,7 @@ def record_run(
             "provenance": provenance(),
         }
     )
-    model = server_model(run)
+    model = run_model(run)  # the one model the server scores and sketches with
     layout = ParamLayout.of(model)
     strategy = build_strategy(run, params, get_flat(model))
     strategy.bind(setup_for(run, model, layout))
