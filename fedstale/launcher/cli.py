@@ -39,6 +39,8 @@ from fedstale.launcher import compare, deploy
 from fedstale.launcher.launch import (
     app_defaults,
     federation_options,
+    find_app,
+    flower_app,
     flower_env,
     merged_pairs,
     resolve,
@@ -92,12 +94,13 @@ def preflight(
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
     run, _, overrides = preflight(app, pairs, federation)
-    command = flower_command(app, overrides, federation, run, superlink)
-    print("fedstale: " + shlex.join(command), file=sys.stderr)
     run_dir = runs_root(run.runs_dir) / run.run_name
-    started = time.time()
-    with owned_local_superlink(superlink):
-        died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
+    with flower_app(app) as target:
+        command = flower_command(target, overrides, federation, run, superlink)
+        print("fedstale: " + shlex.join(command), file=sys.stderr)
+        started = time.time()
+        with owned_local_superlink(superlink):
+            died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
     return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
 
 
@@ -204,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 COMMANDS = ("check", "run", "deploy", "compare")
+APP_HELP = (
+    "the fedstale app directory (default: the current one when it is a fedstale checkout, "
+    "else the app installed with the package, runs in ./runs)"
+)
 
 
 def version_line() -> str:
@@ -236,7 +243,7 @@ def run_parser(name: str) -> argparse.ArgumentParser:
         help="key=value pairs over the defaults (repeatable: later ones win)",
     )
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
-    parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    parser.add_argument("--app", type=Path, default=None, help=APP_HELP)
     if name == "check":
         parser.set_defaults(superlink="", local=False, overwrite=False, workers=None)
         return parser
@@ -281,8 +288,8 @@ def command(argv: list[str]) -> int:
         parser.error("--local runs without Flower; drop --superlink and --federation-config")
     if workers is not None and workers < 1:
         parser.error("--workers must be at least 1")
-    app = args.app.resolve()
     try:
+        app = find_app(args.app)
         pairs = merged_pairs(args.run_config)
         if args.overwrite:
             pairs["overwrite"] = True

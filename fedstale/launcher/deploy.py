@@ -28,7 +28,16 @@ from pathlib import Path
 from typing import Any
 
 from fedstale.common.config import ConfigError
-from fedstale.launcher.launch import flower_env, parse_pairs, resolve, to_flower, tool
+from fedstale.launcher.launch import (
+    PACKAGE,
+    PACKAGE_APP,
+    find_app,
+    flower_env,
+    parse_pairs,
+    resolve,
+    to_flower,
+    tool,
+)
 
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
@@ -108,8 +117,19 @@ def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
             os.kill(pid, signal.SIGKILL)
 
 
+def docker_script(name: str) -> Path:
+    """A docker/ script: the wheel's copy in fedstale/app/docker/, else a checkout's."""
+    for folder in (PACKAGE_APP / "docker", PACKAGE.parent / "docker"):
+        if (folder / name).is_file():
+            return folder / name
+    raise ConfigError(
+        f"docker/{name} is not in this fedstale install ({PACKAGE_APP / 'docker'}); "
+        "reinstall the wheel, or run from a checkout"
+    )
+
+
 def run_script(name: str, *args: str) -> None:
-    script = Path(__file__).resolve().parents[2] / "docker" / name
+    script = docker_script(name)
     result = subprocess.run(
         ["bash", str(script), *args], capture_output=True, text=True, check=False
     )
@@ -332,7 +352,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--nodes", type=int, default=3, help="SuperNodes to start (clients)")
     parser.add_argument("--delays", default="", help="injected seconds per node, cycled")
     parser.add_argument("--run-config", default="", help="key=value pairs over the defaults")
-    parser.add_argument("--app", type=Path, default=Path.cwd(), help="the fedstale directory")
+    parser.add_argument("--app", type=Path, default=None, help="the fedstale app directory")
     parser.add_argument("--tls", action="store_true", help="TLS with certificates made here")
     parser.add_argument("--database", type=Path, help="SuperLink state file (persistent)")
     parser.add_argument(
@@ -346,7 +366,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.nodes < 1:
         raise ConfigError("--nodes must be at least 1")
-    app = args.app.resolve()
+    app = find_app(args.app)
     overrides = parse_pairs(args.run_config)
     check_edges(args.edges, args.nodes, overrides)
     resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
@@ -354,6 +374,8 @@ def main(argv: list[str]) -> int:
     home = home.resolve()
     if args.auth and not args.tls:
         raise ConfigError("--auth needs --tls: Flower authenticates SuperNodes over TLS only")
+    if args.auth:
+        docker_script("keys.sh")  # refuse before anything starts
     tls = TlsFiles.make(home / "certs") if args.tls else None
     deployment = LocalDeployment(
         home,

@@ -7,7 +7,10 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +18,14 @@ from fedstale.common.config import ConfigError, RunConfig
 from fedstale.server_app.results import run_name, runs_root
 from fedstale.strategies.registry import load_config
 
+# The installed package; a wheel ships the repository's pyproject.toml (the app's components
+# and defaults) and the docker/ scripts the launcher runs as package data in fedstale/app/.
+PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE_APP = PACKAGE / "app"
+COMPONENTS = {
+    "serverapp": "fedstale.server_app.app:app",
+    "clientapp": "fedstale.client_app.app:app",
+}
 PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")
 
 
@@ -87,6 +98,61 @@ def app_defaults(app: Path) -> dict[str, Any]:
     return tomllib.loads(pyproject.read_text())["tool"]["flwr"]["app"]["config"]
 
 
+def is_app(folder: Path) -> bool:
+    """`folder` holds a pyproject.toml describing fedstale's Flower app."""
+    try:
+        table = tomllib.loads((folder / "pyproject.toml").read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return False
+    return table.get("tool", {}).get("flwr", {}).get("app", {}).get("components") == COMPONENTS
+
+
+def installed_app() -> Path:
+    """The app that came with the package: the wheel's fedstale/app/, or, for an editable
+    install, the checkout the package lives in."""
+    for folder in (PACKAGE_APP, PACKAGE.parent):
+        if is_app(folder):
+            return folder
+    raise ConfigError(
+        f"this fedstale install has no app description ({PACKAGE_APP / 'pyproject.toml'}); "
+        "reinstall the wheel or pass --app with the fedstale directory"
+    )
+
+
+def find_app(given: Path | None) -> Path:
+    """--app; else the current directory when it is a fedstale app (a checkout); else the
+    app installed with the package (its runs then go to ./runs)."""
+    if given is not None:
+        return given.resolve()
+    here = Path.cwd()
+    return here if is_app(here) else installed_app()
+
+
+def runs_home(app: Path) -> Path:
+    """Where runs go unless `runs-dir` says: the app's runs/, or ./runs for the app shipped
+    inside the installed package (site-packages is no place for results)."""
+    return Path.cwd() / "runs" if app == PACKAGE_APP else app / "runs"
+
+
+@contextmanager
+def flower_app(app: Path) -> Iterator[Path]:
+    """The directory to hand `flwr run`: `app` itself, or for the shipped app a temporary copy
+    of its pyproject.toml without the fab-include / fab-exclude patterns (they name the
+    checkout's files). Its FAB then holds no code: the SuperLink's ServerApp and the
+    ClientApps import the fedstale installed in their environment."""
+    if app != PACKAGE_APP:
+        yield app
+        return
+    import tomli_w  # a dependency of flwr
+
+    table = tomllib.loads((app / "pyproject.toml").read_text())
+    for key in ("fab-include", "fab-exclude"):
+        table["tool"]["flwr"]["app"].pop(key, None)
+    with tempfile.TemporaryDirectory(prefix="fedstale-app-") as folder:
+        (Path(folder) / "pyproject.toml").write_text(tomli_w.dumps(table))
+        yield Path(folder)
+
+
 def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:
     """Validated config and the overrides to hand to Flower (run name and runs dir set)."""
     fused = {**app_defaults(app), **overrides}
@@ -95,7 +161,7 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
     if not run.run_name:
         extra["run-name"] = run_name(run)
     if not run.runs_dir:
-        extra["runs-dir"] = str(runs_root(str(app / "runs")))
+        extra["runs-dir"] = str(runs_root(str(runs_home(app))))
     run, _ = load_config({**fused, **extra})
     return run, extra
 
@@ -120,5 +186,5 @@ def tool(name: str) -> str:
         return str(beside)
     found = shutil.which(name)
     if found is None:
-        raise ConfigError(f"'{name}' not found; install flwr[simulation]==1.41.0 (make setup)")
+        raise ConfigError(f"'{name}' not found; install fedstale's dependencies (make setup)")
     return found
