@@ -20,6 +20,7 @@ from fedstale.common.models import (
     get_flat,
     set_flat,
 )
+from fedstale.common.objectives import objective
 from fedstale.common.records import ArraySets
 from fedstale.common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
 from fedstale.common.threads import on_client_threads
@@ -83,6 +84,7 @@ def train_task(
         optimiser=Optimiser(spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip),
         steps=spec.local_steps,
         loss_terms=task.loss_terms,
+        loss=objective(cfg.loss, cfg.metric).loss,
     )
     trained = get_flat(model)
     delta = trained - start
@@ -115,7 +117,8 @@ def evaluate_task(
     set_flat(model, layout.flatten(dict(arrays)))
     device = next(model.parameters()).device
     x, y = (t.to(device) for t in client_holdout(cfg, partition))
-    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size)
+    scoring = objective(cfg.loss, cfg.metric)
+    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size, scoring)
     return {
         ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
         ReplyKeys.PARTITION_ID: partition,

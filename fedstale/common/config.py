@@ -6,13 +6,33 @@ refused. Errors surface as one `ConfigError` line naming the key, the value and 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
-Dataset = Literal["fmnist", "mnist", "cifar10", "cifar100", "digits"]
-ModelName = Literal["auto", "linear", "cnn-mnist", "cnn-cifar", "mlp", "lenet"]
+DATASETS = ("fmnist", "mnist", "cifar10", "cifar100", "digits")
+MODELS = ("auto", "linear", "cnn-mnist", "cnn-cifar", "mlp", "lenet")
+LOSSES = ("cross-entropy", "mse")
+METRICS = ("accuracy", "neg-mse")
+_IDENTIFIER = r"[A-Za-z_]\w*"
+REFERENCE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*$")
+# Rules whose own code assumes cross-entropy on class labels, and where.
+CROSS_ENTROPY_RULES = {
+    "fedpsa": "its sensitivity sketches are cross-entropy gradients",
+    "fedqs-sgd": "its clients score per-class accuracy",
+    "fedqs-avg": "its clients score per-class accuracy",
+    "mafsa": "its clients' lazy stale training minimises cross-entropy",
+}
 DEFAULT_MODEL: dict[str, str] = {
     "fmnist": "linear",
     "mnist": "cnn-mnist",
@@ -66,9 +86,11 @@ class RunConfig(KebabModel):
     seed: int = Field(0, ge=0)
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
-    dataset: Dataset = "fmnist"
+    dataset: str = "fmnist"
     data_dir: str = ""
-    model: ModelName = "auto"
+    model: str = "auto"
+    loss: str = "cross-entropy"
+    metric: str = "accuracy"
     partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = "iid"
     dirichlet_alpha: float = Field(1.0, gt=0)
     dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
@@ -126,6 +148,11 @@ class RunConfig(KebabModel):
     task_ttl: float = Field(3600.0, gt=0)
     task_timeout: float = Field(900.0, ge=0)
 
+    @field_validator("dataset", "model", "loss", "metric")
+    @classmethod
+    def _named_or_reference(cls, value: str, info: ValidationInfo) -> str:
+        return name_or_reference(info.field_name, value)
+
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
         _check_consistency(self)
@@ -138,11 +165,42 @@ class RunConfig(KebabModel):
 
     @property
     def model_name(self) -> str:
-        return DEFAULT_MODEL[self.dataset] if self.model == "auto" else self.model
+        """The model to build: `model`, or for `auto` the dataset's own (a user's dataset:
+        mlp)."""
+        if self.model != "auto":
+            return self.model
+        return "mlp" if is_reference(self.dataset) else DEFAULT_MODEL[self.dataset]
 
     @property
     def num_classes(self) -> int:
+        """Classes of a built-in dataset (a user's dataset: known once loaded)."""
         return NUM_CLASSES[self.dataset]
+
+    @property
+    def own_code(self) -> bool:
+        """The run names a user's model, dataset, loss or metric, or a non-default built-in
+        loss or metric: what `fedstale check` tries on a batch before the run."""
+        defaults = (self.loss, self.metric) == ("cross-entropy", "accuracy")
+        return not defaults or is_reference(self.dataset) or is_reference(self.model)
+
+
+CHOICES = {"dataset": DATASETS, "model": MODELS, "loss": LOSSES, "metric": METRICS}
+ROLES = {"dataset": "loader", "model": "factory", "loss": "function", "metric": "function"}
+
+
+def is_reference(value: str) -> bool:
+    """`value` has the form 'package.module:attribute' (a user's code)."""
+    return bool(REFERENCE.match(value))
+
+
+def name_or_reference(key: str, value: str) -> str:
+    """A built-in name of `key`, or a 'package.module:attribute' reference."""
+    if value in CHOICES[key] or is_reference(value):
+        return value
+    raise ValueError(
+        f"unknown {key} '{value}'; choose one of {', '.join(CHOICES[key])} "
+        f"or name your own {ROLES[key]} as 'package.module:{ROLES[key]}'"
+    )
 
 
 FAULT_KINDS = (
@@ -185,13 +243,7 @@ def _check_consistency(cfg: RunConfig) -> None:
             f"concurrency ({cfg.concurrency}) exceeds num-clients ({cfg.num_clients}); "
             "a client never trains two tasks at once"
         )
-    if cfg.model != "auto" and cfg.dataset not in MODEL_DATASETS[cfg.model]:
-        raise ValueError(f"model '{cfg.model}' does not fit dataset '{cfg.dataset}'")
-    if cfg.partition == "pathological" and cfg.classes_per_client > cfg.num_classes:
-        raise ValueError(
-            f"classes-per-client ({cfg.classes_per_client}) exceeds the "
-            f"{cfg.num_classes} classes of {cfg.dataset}"
-        )
+    _check_task(cfg)
     if cfg.test_split == "local" and cfg.client_val_fraction <= 0:
         raise ValueError(
             "test-split=local tests every client on its own held-out share; "
@@ -210,6 +262,27 @@ def _check_consistency(cfg: RunConfig) -> None:
         raise ValueError(
             "no budget set: give max-virtual-time, max-versions, max-updates, "
             "target-accuracy or max-wall-seconds a non-zero value"
+        )
+
+
+def _check_task(cfg: RunConfig) -> None:
+    """Model, dataset, loss and rule fit together (a user's dataset is checked once loaded:
+    fedstale/common/federation.py require_dataset)."""
+    own_data, own_model = is_reference(cfg.dataset), is_reference(cfg.model)
+    built_in = not (own_data or own_model or cfg.model == "auto")
+    if built_in and cfg.dataset not in MODEL_DATASETS[cfg.model]:
+        raise ValueError(f"model '{cfg.model}' does not fit dataset '{cfg.dataset}'")
+    # A user's dataset has its classes counted once loaded.
+    pathological = not own_data and cfg.partition == "pathological"
+    if pathological and cfg.classes_per_client > cfg.num_classes:
+        raise ValueError(
+            f"classes-per-client ({cfg.classes_per_client}) exceeds the "
+            f"{cfg.num_classes} classes of {cfg.dataset}"
+        )
+    if cfg.strategy in CROSS_ENTROPY_RULES and cfg.loss != "cross-entropy":
+        raise ValueError(
+            f"strategy {cfg.strategy} needs loss=cross-entropy on class labels "
+            f"({CROSS_ENTROPY_RULES[cfg.strategy]}); loss is '{cfg.loss}'"
         )
 
 

@@ -1,4 +1,5 @@
-"""Datasets as numpy arrays: IDX (Fashion-MNIST, MNIST), CIFAR pickles, scikit-learn digits.
+"""Datasets as numpy arrays: IDX (Fashion-MNIST, MNIST), CIFAR pickles, scikit-learn digits,
+and a user's loader named as 'package.module:function' (`load_own_dataset`).
 
 Lookup order for a downloadable dataset: the run's `data-dir`, then Debian's
 `/usr/share/datasets/<name>` (Fashion-MNIST ships as `dataset-fashion-mnist`), then a
@@ -18,7 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from fedstale.common.config import ConfigError, is_reference
 from fedstale.common.download import DownloadError, RemoteFile, fetch
+from fedstale.common.references import accepts, call, resolve
 
 DEBIAN_DIR = Path("/usr/share/datasets")
 IDX_NAMES = (
@@ -84,6 +87,9 @@ class DatasetUnavailable(RuntimeError):
 @dataclass(frozen=True)
 class Dataset:
     """Raw arrays: images as uint8 (N, C, H, W) (digits: float32 in [0, 1]), labels int64.
+    A user's dataset: float32 inputs as its loader gave them, int64 class labels or float32
+    regression targets; `num_classes` is then the model's number of outputs (1 for (N,)
+    targets, k for (N, k)).
 
     `x_test` is None for a dataset without a standard test split (digits).
     """
@@ -98,6 +104,11 @@ class Dataset:
     @property
     def input_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def regression(self) -> bool:
+        """Float targets rather than class labels."""
+        return bool(np.issubdtype(self.y_train.dtype, np.floating))
 
 
 def read_idx(path: Path) -> np.ndarray:
@@ -209,9 +220,89 @@ def load_digits_dataset() -> Dataset:
     return Dataset("digits", images, bunch.target.astype(np.int64), None, None, 10)
 
 
+OWN_CONTRACT = (
+    "expected (x_train, y_train, x_test, y_test) numpy arrays (the test pair may be None)"
+)
+
+
+def load_own_dataset(reference: str) -> Dataset:
+    """A user's loader, called with no arguments; its result checked against the contract
+    (one ConfigError line naming what is wrong)."""
+    loader = resolve("dataset", reference)
+    if not accepts(loader):
+        raise ConfigError(f"dataset={reference}: the loader must take no arguments")
+    result = call("dataset", reference, loader)
+    try:
+        return own_dataset(reference, result)
+    except ValueError as err:
+        raise ConfigError(f"dataset={reference}: {err}") from None
+
+
+def own_dataset(name: str, result: object) -> Dataset:
+    if not isinstance(result, tuple | list) or len(result) != 4:
+        raise ValueError(f"returned {_kind(result)}; {OWN_CONTRACT}")
+    x_train, y_train = _features(result[0], "x_train"), _targets(result[1], "y_train")
+    x_test, y_test = result[2], result[3]
+    if (x_test is None) != (y_test is None):
+        raise ValueError("x_test and y_test must both be arrays or both be None")
+    _same_length(x_train, y_train, "train")
+    if x_test is not None:
+        x_test, y_test = _features(x_test, "x_test"), _targets(y_test, "y_test")
+        _same_length(x_test, y_test, "test")
+        if x_test.shape[1:] != x_train.shape[1:] or y_test.dtype != y_train.dtype:
+            raise ValueError("the test arrays' sample shape or label type differ from train's")
+        if y_test.shape[1:] != y_train.shape[1:]:
+            raise ValueError("the test targets' shape differs from train's")
+    return Dataset(name, x_train, y_train, x_test, y_test, _outputs(y_train, y_test))
+
+
+def _kind(value: object) -> str:
+    if isinstance(value, tuple | list):
+        return f"a {type(value).__name__} of {len(value)}"
+    return f"a {type(value).__name__}"
+
+
+def _features(value: object, name: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.ndim < 2 or len(value) == 0:
+        raise ValueError(f"{name} is {_kind(value)}; expected a numpy array (N, *input_shape)")
+    if not np.issubdtype(value.dtype, np.number) or value.dtype == np.bool_:
+        raise ValueError(f"{name} has dtype {value.dtype}; expected numbers")
+    return value.astype(np.float32, copy=False)
+
+
+def _targets(value: object, name: str) -> np.ndarray:
+    if not isinstance(value, np.ndarray) or value.ndim not in (1, 2):
+        raise ValueError(
+            f"{name} is {_kind(value)}; expected a numpy array: (N,) int class labels, "
+            "or (N,) / (N, k) float targets"
+        )
+    if np.issubdtype(value.dtype, np.floating):
+        return value.astype(np.float32, copy=False)
+    if not np.issubdtype(value.dtype, np.integer) or value.ndim != 1:
+        raise ValueError(f"{name} has dtype {value.dtype} and shape {value.shape}; {OWN_CONTRACT}")
+    if value.min() < 0:
+        raise ValueError(f"{name} holds a negative class label; use 0..C-1")
+    return value.astype(np.int64, copy=False)
+
+
+def _same_length(x: np.ndarray, y: np.ndarray, split: str) -> None:
+    if len(x) != len(y):
+        raise ValueError(f"x_{split} has {len(x)} samples, y_{split} {len(y)}")
+
+
+def _outputs(y_train: np.ndarray, y_test: np.ndarray | None) -> int:
+    """Classes (the largest label + 1), or the width of float targets."""
+    if np.issubdtype(y_train.dtype, np.floating):
+        return 1 if y_train.ndim == 1 else int(y_train.shape[1])
+    top = y_train.max() if y_test is None or len(y_test) == 0 else max(y_train.max(), y_test.max())
+    return int(top) + 1
+
+
 @cache
 def load_dataset(name: str, data_dir: str = "") -> Dataset:
     """Load a dataset once per process."""
+    if is_reference(name):
+        return load_own_dataset(name)
     if name in IDX_SOURCES:
         return load_idx_dataset(name, data_dir)
     if name in CIFAR_SOURCES:
@@ -222,7 +313,10 @@ def load_dataset(name: str, data_dir: str = "") -> Dataset:
 
 
 def normalize(images: np.ndarray, dataset: str) -> np.ndarray:
-    """uint8 (or [0, 1] float) images -> float32 standardised per channel."""
+    """uint8 (or [0, 1] float) images -> float32 standardised per channel; a user's inputs
+    are used as its loader gave them."""
+    if dataset not in STATS:
+        return images.astype(np.float32)
     scaled = images.astype(np.float32)
     if images.dtype == np.uint8:
         scaled /= 255.0

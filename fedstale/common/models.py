@@ -1,4 +1,5 @@
-"""The FedPSA paper's models, flat-vector views of their parameters, and evaluation."""
+"""The FedPSA paper's models (or a user's factory named 'package.module:function'),
+flat-vector views of their parameters, and evaluation."""
 
 from __future__ import annotations
 
@@ -8,6 +9,12 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from torch import nn
+
+from fedstale.common.config import ConfigError, is_reference
+from fedstale.common.objectives import Objective, objective
+from fedstale.common.references import accepts, call, resolve
+
+FACTORY_CONTRACT = "expected a torch.nn.Module with parameters"
 
 
 class LinearModel(nn.Module):
@@ -109,6 +116,8 @@ class MLP(nn.Module):
 def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed: int) -> nn.Module:
     """A freshly initialised model; the same seed gives the same weights."""
     torch.manual_seed(seed)
+    if is_reference(name):
+        return own_model(name, input_shape, num_classes)
     in_features = int(np.prod(input_shape))
     if name == "linear":
         return LinearModel(in_features, num_classes)
@@ -121,6 +130,25 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
     if name == "lenet":
         return LeNet(input_shape, num_classes)
     raise ValueError(f"unknown model '{name}'")
+
+
+def own_model(reference: str, input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+    """A user's factory, called as factory(input_shape, num_outputs) or, when it takes no
+    arguments, factory()."""
+    factory = resolve("model", reference)
+    args = (tuple(input_shape), num_outputs)
+    if not accepts(factory, *args):
+        if not accepts(factory):
+            raise ConfigError(
+                f"model={reference}: takes neither (input_shape, num_outputs) nor no arguments"
+            )
+        args = ()
+    model = call("model", reference, factory, *args)
+    if not isinstance(model, nn.Module) or not any(True for _ in model.parameters()):
+        raise ConfigError(
+            f"model={reference}: returned a {type(model).__name__}; {FACTORY_CONTRACT}"
+        )
+    return model
 
 
 @dataclass(frozen=True)
@@ -177,21 +205,27 @@ def set_flat(model: nn.Module, flat: np.ndarray) -> None:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int = 1024
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    batch_size: int = 1024,
+    scoring: Objective | None = None,
 ) -> tuple[float, float]:
-    """(accuracy, mean cross-entropy) of `model` on (x, y)."""
+    """(metric, mean loss) of `model` on (x, y): accuracy and cross-entropy unless
+    `scoring` says otherwise."""
     if len(y) == 0:
         return 0.0, 0.0
+    scoring = scoring or objective()
     model.eval()
     device = next(model.parameters()).device
-    correct, loss_sum = 0, 0.0
+    outputs, loss_sum = [], 0.0
     for start in range(0, len(y), batch_size):
         xb = x[start : start + batch_size].to(device)
         yb = y[start : start + batch_size].to(device)
-        logits = model(xb)
-        loss_sum += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return correct / len(y), loss_sum / len(y)
+        output = model(xb)
+        loss_sum += scoring.summed_loss(output, yb)
+        outputs.append(output)
+    return float(scoring.metric(torch.cat(outputs), y.to(device))), loss_sum / len(y)
 
 
 def resolve_device(name: str) -> torch.device:

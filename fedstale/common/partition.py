@@ -11,6 +11,9 @@
 - quantity-dirichlet (HierFL's unbalanced IID split, MAFSA's Table 2): labels IID, client
   sizes a floor of min(100, n / 2N) plus a multinomial share of the rest with proportions
   from Dir(alpha * 1_N).
+
+iid and quantity-dirichlet never read the labels, so they split float regression targets
+too; dirichlet and pathological need integer class labels (`label_problem`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,17 @@ import numpy as np
 
 MIN_PER_CLASS_CLIENT_SIZE = 10
 QUANTITY_FLOOR = 100  # HierFL's minimum client size
+BY_LABEL = ("dirichlet", "pathological")
+
+
+def label_problem(scheme: str, labels: np.ndarray) -> str:
+    """Why `scheme` cannot split `labels`, or "" when it can."""
+    if scheme in BY_LABEL and not np.issubdtype(labels.dtype, np.integer):
+        return (
+            f"partition={scheme} splits by class label and these labels are "
+            f"{labels.dtype} targets (regression); use partition=iid or quantity-dirichlet"
+        )
+    return ""
 
 
 def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> list[np.ndarray]:
@@ -144,6 +158,9 @@ def partition(
     classes_per_client: int = 2,
 ) -> list[np.ndarray]:
     """Indices of each client's samples; the same arguments always give the same result."""
+    problem = label_problem(scheme, labels)
+    if problem:
+        raise ValueError(problem)
     rng = np.random.default_rng([seed, 0x5EED])
     if scheme == "iid":
         return iid(labels, num_clients, rng)

@@ -14,9 +14,11 @@ import torch
 from torch import nn
 
 from fedstale.common.models import LinearModel, softmax_residual
+from fedstale.common.objectives import LossFn
 
 Step = Callable[[torch.Tensor], float]  # one optimiser step on a batch of row indices -> loss
-LossTerm = Callable[[nn.Module], torch.Tensor]  # added to the cross-entropy (autograd only)
+LossTerm = Callable[[nn.Module], torch.Tensor]  # added to the run's loss (autograd only)
+CROSS_ENTROPY: LossFn = nn.functional.cross_entropy
 
 
 @dataclass(frozen=True)
@@ -51,17 +53,20 @@ def local_train(
     optimiser: Optimiser = PLAIN_SGD,
     steps: int = 0,
     loss_terms: Sequence[LossTerm] = (),
+    loss: LossFn = CROSS_ENTROPY,
 ) -> float:
-    """Train `model` in place; returns the mean minibatch cross-entropy (without the
-    proximal term or extra loss terms) of the last pass over the data. Batches come from
-    one seeded permutation per pass. `steps` > 0 trains exactly that many minibatch steps
-    instead of `epochs` passes. `closed_form` lets the linear model on CPU skip autograd
-    when it computes the same thing (plain SGD, no extra loss terms; tested)."""
+    """Train `model` in place; returns the mean minibatch `loss` (cross-entropy unless
+    given; without the proximal term or extra loss terms) of the last pass over the data.
+    Batches come from one seeded permutation per pass. `steps` > 0 trains exactly that many
+    minibatch steps instead of `epochs` passes. `closed_form` lets the linear model on CPU
+    skip autograd when it computes the same thing (cross-entropy, plain SGD, no extra loss
+    terms; tested)."""
     linear_on_cpu = isinstance(model, LinearModel) and x.device.type == "cpu"
-    if closed_form and linear_on_cpu and optimiser.plain_sgd and not loss_terms:
+    plain = optimiser.plain_sgd and not loss_terms and loss is CROSS_ENTROPY
+    if closed_form and linear_on_cpu and plain:
         step = softmax_regression_step(model, x, y, lr, proximal_mu)
     else:
-        step = autograd_step(model, x, y, lr, proximal_mu, optimiser, loss_terms)
+        step = autograd_step(model, x, y, lr, proximal_mu, optimiser, loss_terms, loss)
     generator = torch.Generator().manual_seed(seed)
     steps_left, passes, last_pass_loss = steps, 0, 0.0
     while (passes < epochs) if steps <= 0 else (steps_left > 0 and len(y) > 0):
@@ -93,6 +98,7 @@ def autograd_step(
     proximal_mu: float,
     optimiser: Optimiser = PLAIN_SGD,
     loss_terms: Sequence[LossTerm] = (),
+    loss_fn: LossFn = CROSS_ENTROPY,
 ) -> Step:
     params = list(model.parameters())
     optimizer = make_optimizer(params, lr, optimiser)
@@ -100,7 +106,7 @@ def autograd_step(
     model.train()
 
     def step(idx: torch.Tensor) -> float:
-        loss = nn.functional.cross_entropy(model(x[idx]), y[idx])
+        loss = loss_fn(model(x[idx]), y[idx])
         objective = loss
         for term in loss_terms:
             objective = objective + term(model)
