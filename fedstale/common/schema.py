@@ -238,8 +238,15 @@ def parse_train_metrics(
         num_examples=_require_int(metrics, ReplyKeys.NUM_EXAMPLES, 1),
         train_loss=_require_float(metrics, ReplyKeys.TRAIN_LOSS),
         compute_seconds=_require_float(metrics, ReplyKeys.COMPUTE_SECONDS),
-        signals={k: _require_signal(metrics, k, s) for k, s in (signals or {}).items()},
+        signals=parse_signals(metrics, signals),
     )
+
+
+def parse_signals(
+    metrics: Mapping[str, Any], signals: Mapping[str, SignalSpec] | None
+) -> dict[str, Any]:
+    """The strategy signals a train reply carries, each checked against its spec."""
+    return {k: _require_signal(metrics, k, s) for k, s in (signals or {}).items()}
 
 
 def check_arrays(

@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from fedstale.common.calibration import Batch, batch_for_task
-from fedstale.common.models import LinearModel, softmax_residual
+from fedstale.common.models import LinearModel, set_flat, softmax_residual
 from fedstale.common.schema import SignalKeys
 
 SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
@@ -145,6 +145,22 @@ def sketch_for_task(
         int(settings[SignalKeys.SKETCH_SEED]),
         str(settings[SignalKeys.SKETCH_OF]),
     )
+
+
+def global_sketcher(
+    model: nn.Module, input_shape: tuple[int, ...], num_classes: int
+) -> Callable[[Mapping[str, Any], Batch | None], Callable[[np.ndarray], np.ndarray]]:
+    """The server's sketcher (Setup.sketcher): for a task's sketch settings and calibration
+    batch, the sketch of a flat global model, computed as a client computes its own."""
+
+    def sketcher(settings: Mapping[str, Any], batch: Batch | None) -> Callable:
+        def sketch_of(flat: np.ndarray) -> np.ndarray:
+            set_flat(model, flat)
+            return sketch_for_task(model, settings, input_shape, num_classes, batch)
+
+        return sketch_of
+
+    return sketcher
 
 
 def loss_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

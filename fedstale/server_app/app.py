@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import sys
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
@@ -11,20 +10,13 @@ from flwr.serverapp import Grid, ServerApp
 from fedstale.common.config import ConfigError
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.progress import setup_logging
 from fedstale.server_app.transport import GridTransport
 from fedstale.strategies.registry import load_config
 
 log = logging.getLogger("fedstale")
 app = ServerApp()
-
-
-def setup_logging() -> None:
-    if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("fedstale %(levelname)s: %(message)s"))
-        log.addHandler(handler)
-        log.setLevel(logging.INFO)
-        log.propagate = False
+__all__ = ["app", "setup_logging"]
 
 
 @app.main()

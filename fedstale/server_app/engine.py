@@ -23,9 +23,9 @@ from fedstale.common.schema import ARRAYS, MSG_TRAIN, InvalidReply, TaskSpec
 from fedstale.common.seeding import task_seed
 from fedstale.server_app.budgets import TIME_BUDGET, Counters, Stopwatch, spent, time_budget
 from fedstale.server_app.clock import Clock, Task, make_clock
+from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import ClientScorer, Evaluation, Evaluator, Scoreboard
-from fedstale.server_app.nodes import NodeBook
-from fedstale.server_app.replies import validated
+from fedstale.server_app.nodes import NodeBook, Nodes
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import Assignment, InFlight, Outcome, Strategy, View
@@ -58,6 +58,8 @@ class Engine:
         progress: Callable[[Engine], None] | None = None,
         checkpointer: Callable[[Engine], None] | None = None,
         client_scorer: ClientScorer | None = None,
+        contract: Contract | None = None,
+        nodes: Nodes | None = None,
     ) -> None:
         self.run = run
         self.strategy = strategy
@@ -68,12 +70,14 @@ class Engine:
         self.progress = progress
         self.checkpointer = checkpointer
         self.clock: Clock = make_clock(run.clock)
-        self.nodes = NodeBook(run.num_clients)
+        self.contract: Contract = contract or FedstaleContract()
+        self.nodes: Nodes = nodes or NodeBook(run.num_clients)
         self.rng = np.random.default_rng([run.seed, 0xD15])
         self.book = TaskBook()
         self.version = 0
         self.next_task_id = 0
         self.counters = Counters()
+        self.missing_signals = 0  # replies without the rule's client signal
         self.scores = Scoreboard(run, strategy, transport, layout, evaluator, client_scorer)
         self.scores.on_result = lambda evaluation: recorder.metric(evaluation.row())
         self.next_eval = 0.0
@@ -207,9 +211,10 @@ class Engine:
         task_id, node = self.next_task_id, self.nodes.node_of[client]
         spec = self.task_spec(task_id, assignment)
         models = {name: self.layout.unflatten(v) for name, v in assignment.models.items()}
-        main = models.pop(ARRAYS)
+        main = self.contract.outgoing(models.pop(ARRAYS))
+        config = self.contract.task_config(spec, assignment)
         try:
-            msg_id = self.transport.send(node, MSG_TRAIN, spec.to_config(), main, models or None)
+            msg_id = self.transport.send(node, MSG_TRAIN, config, main, models or None)
         except SendRefused as err:
             log.warning(
                 "node %d (client %d) left: %s; it gets no work until it returns", node, client, err
@@ -217,6 +222,7 @@ class Engine:
             self.nodes.forget(node)
             return
         self.next_task_id += 1
+        self.contract.sent(task_id, assignment.models[ARRAYS])
         latency = self.latency.task_latency(client, task_id)
         timeout = self.run.task_timeout
         self.book.add(
@@ -252,6 +258,7 @@ class Engine:
     def retire(self, task: Task, reason: str) -> None:
         """End a task without an update; its client becomes idle if its node is online."""
         self.book.drop(task)
+        self.contract.forget(task.task_id)
         self.counters.failed += 1
         log.warning(
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
@@ -267,6 +274,7 @@ class Engine:
                 raise RuntimeError(
                     f"strategy {self.strategy.name} superseded task {task_id}, not in flight"
                 )
+            self.contract.forget(task_id)
             self.counters.superseded += 1
             log.debug("task %d (client %d) superseded", task_id, task.client)
 
@@ -278,7 +286,7 @@ class Engine:
 
     def handle(self, task: Task, reply: Reply) -> None:
         try:
-            update = validated(
+            update = self.contract.update(
                 task,
                 reply,
                 self.strategy,
@@ -288,22 +296,34 @@ class Engine:
                 self.book.answered,
             )
         except InvalidReply as err:
-            self.counters.rejected += 1
-            log.warning(
-                "rejected update: node %d, task %d (client %d): %s",
-                task.node,
-                task.task_id,
-                task.client,
-                err,
-            )
-            self.task_lost(task.client)
+            self.reject(task, err)
             return
+        finally:
+            self.contract.forget(task.task_id)
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
             outcome = self.strategy.on_update(update, view)
         self.counters.accepted += 1
         self.counters.client_compute_seconds += update.compute_seconds
         self.apply(outcome)
+
+    def reject(self, task: Task, err: InvalidReply) -> None:
+        """Log and count a reply that cannot be used. Replies that all lack the rule's
+        client signal before any update was accepted mean the ClientApp lacks the rule's
+        client half: the run stops with that one line."""
+        self.counters.rejected += 1
+        log.warning(
+            "rejected update: node %d, task %d (client %d): %s",
+            task.node,
+            task.task_id,
+            task.client,
+            err,
+        )
+        if isinstance(err, MissingSignal):
+            self.missing_signals += 1
+            if not self.counters.accepted and self.missing_signals >= self.run.concurrency:
+                raise EngineError(str(err))
+        self.task_lost(task.client)
 
     def task_lost(self, client: int) -> None:
         """Tell the strategy a task of `client` ended without an update; a rule that closes

@@ -27,7 +27,7 @@ from fedstale.common.schema import (
     TaskKeys,
     parse_eval_metrics,
 )
-from fedstale.server_app.nodes import NodeBook
+from fedstale.server_app.nodes import Nodes
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import EVAL_PER_CLIENT, Strategy
 
@@ -114,7 +114,7 @@ class Scoreboard:
             return self.pending[-1].evaluation
         return self.done[-1] if self.done else None
 
-    def evaluate(self, evaluation: Evaluation, nodes: NodeBook) -> None:
+    def evaluate(self, evaluation: Evaluation, nodes: Nodes) -> None:
         """Score the models for `evaluation` (its accuracy and loss are filled in)."""
         self.requests += 1
         if not self.per_client:
@@ -129,7 +129,7 @@ class Scoreboard:
         else:
             self.send(evaluation, nodes)
 
-    def send(self, evaluation: Evaluation, nodes: NodeBook) -> None:
+    def send(self, evaluation: Evaluation, nodes: Nodes) -> None:
         waiting = {}
         for client in nodes.clients:
             arrays = self.layout.unflatten(self.strategy.model_of(client))

@@ -30,7 +30,7 @@ from fedstale.common.models import (
     set_flat,
 )
 from fedstale.common.objectives import objective
-from fedstale.common.sensitivity import loss_gradient, sketch_for_task
+from fedstale.common.sensitivity import global_sketcher, loss_gradient
 from fedstale.common.threads import blas_threads
 from fedstale.server_app import checkpoint
 from fedstale.server_app.engine import Engine
@@ -93,18 +93,11 @@ def setup_for(run: RunConfig, model: torch.nn.Module, layout: ParamLayout) -> Se
             raise ConfigError(f"fedpsa-calib-size: {err}; use a smaller batch") from None
         return encode(batch), batch
 
-    def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
-        def sketch_of(flat: np.ndarray) -> np.ndarray:
-            set_flat(model, flat)
-            return sketch_for_task(model, settings, fed.input_shape, fed.num_classes, batch)
-
-        return sketch_of
-
     return Setup(
         segments=tuple(layout.segments),
         client_sizes=np.array([len(idx) for idx in fed.train_idx], dtype=np.float64),
         calibration=calibration,
-        sketcher=sketcher,
+        sketcher=global_sketcher(model, fed.input_shape, fed.num_classes),
         aligner=lambda: gradient_aligner(run, model),
     )
 
@@ -186,17 +179,27 @@ def settings_of(run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]
 
 
 def prepare(run: RunConfig, params: KebabModel, name: str) -> tuple[Any, dict[str, list[str]]]:
-    """Everything that can refuse the run, before its folder is touched: the runs directory,
-    the checkpoint to resume (and its rows), the folder's earlier run, the dataset."""
+    """Everything that can refuse the run, before its folder is touched: `prepare_folder`,
+    then the dataset."""
+    resumed, kept = prepare_folder(run, settings_of(run, params, name), name)
+    require_dataset(run)
+    return resumed, kept
+
+
+def prepare_folder(
+    run: RunConfig, settings: dict[str, Any], name: str
+) -> tuple[checkpoint.Checkpoint | None, dict[str, list[str]]]:
+    """The runs directory, the checkpoint to resume (and its rows, if it was written with
+    these `settings`), the folder's earlier run: each refuses the run in one line before
+    its folder is touched."""
     writable_runs_dir(run)
     resumed, kept = None, {}
     if run.resume_from:
         resumed = checkpoint.load(run.resume_from)
         source = resume_folder(run.resume_from)
-        checkpoint.check_resumable(resumed, source, settings_of(run, params, name))
+        checkpoint.check_resumable(resumed, source, settings)
         kept = checkpointed_rows(source, resumed.metric_rows, resumed.update_rows)
     check_run_dir(run, name)
-    require_dataset(run)
     return resumed, kept
 
 

@@ -9,11 +9,30 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from fedstale.common.schema import MSG_QUERY, ReplyKeys
 from fedstale.server_app.transport import Reply, Transport
 
 log = logging.getLogger("fedstale")
+
+
+class Nodes(Protocol):
+    """Which node serves which client: the engine's view of the federation."""
+
+    node_of: dict[int, int]  # client -> node
+    edge_of: dict[int, int]  # client -> edge, where known
+
+    @property
+    def clients(self) -> list[int]: ...
+
+    def refresh(self, transport: Transport) -> list[int]:
+        """Take in nodes that appeared; forget those gone, and return them."""
+        ...
+
+    def forget(self, node: int) -> None: ...
+
+    def collect(self, transport: Transport) -> None: ...
 
 
 @dataclass
@@ -81,3 +100,48 @@ class NodeBook:
         if isinstance(edge, int):
             self.edge_of[client] = edge
         log.debug("node %d serves client %d", node, client)
+
+
+@dataclass
+class NodesInOrder:
+    """Any Flower ClientApp's nodes, which cannot say which partition they serve: the nodes
+    online take clients 0..num_clients-1 in the order they appear (by node id among those
+    seen together), and a node that appears later takes the lowest client whose node left.
+    Nodes beyond `num_clients` wait unused. `edge_of`: client -> edge, as the user maps it."""
+
+    num_clients: int
+    edge_of: dict[int, int] = field(default_factory=dict)
+    client_of: dict[int, int] = field(default_factory=dict)
+    node_of: dict[int, int] = field(default_factory=dict)
+    spare: set[int] = field(default_factory=set)
+
+    @property
+    def clients(self) -> list[int]:
+        return sorted(self.node_of)
+
+    def refresh(self, transport: Transport) -> list[int]:
+        online = set(transport.node_ids())
+        lost = [n for n in self.client_of if n not in online]
+        for node in lost:
+            self.forget(node)
+            log.warning("node %d went offline", node)
+        self.spare &= online
+        for node in sorted(online - set(self.client_of)):
+            free = [c for c in range(self.num_clients) if c not in self.node_of]
+            if not free:
+                if node not in self.spare:
+                    self.spare.add(node)
+                    log.info("node %d waits: all %d clients have a node", node, self.num_clients)
+                continue
+            self.spare.discard(node)
+            self.client_of[node], self.node_of[free[0]] = free[0], node
+            log.debug("node %d serves client %d", node, free[0])
+        return lost
+
+    def forget(self, node: int) -> None:
+        client = self.client_of.pop(node, None)
+        if client is not None and self.node_of.get(client) == node:
+            del self.node_of[client]
+
+    def collect(self, transport: Transport) -> None:
+        """Nothing to collect: no node is asked anything."""

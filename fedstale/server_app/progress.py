@@ -117,3 +117,13 @@ class ProgressBar:
 def progress_for(interval: float) -> Progress | ProgressBar:
     """The bar when stderr is a terminal (rich draws there), else the log line."""
     return ProgressBar() if sys.stderr.isatty() else Progress(interval)
+
+
+def setup_logging() -> None:
+    """fedstale's log lines on stderr, once per process."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("fedstale %(levelname)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False

@@ -44,6 +44,9 @@ class LocalTask:
 
 class ClientRule:
     name: ClassVar[str]  # what a task calls the rule
+    # What a Flower ClientApp adds to run this rule's client half (a mod); empty where
+    # only fedstale's own ClientApp has it.
+    mod: ClassVar[str] = ""
 
     def before(self, task: LocalTask) -> None:
         """Called with the start model loaded, before local training."""

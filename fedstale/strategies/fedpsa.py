@@ -19,10 +19,12 @@ align = cos(grad L(w_client; D_test), grad L(w_server; D_test)), w_client = w_ba
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping
 from typing import Any, Literal
 
 import numpy as np
 from pydantic import Field
+from torch.nn import Module
 
 from fedstale.common.config import KebabModel, RunConfig
 from fedstale.common.federation import data_shape
@@ -81,11 +83,28 @@ class SensitivitySketch(ClientRule):
     on the shared calibration batch, and ||delta||^2 for the thermometer (eq. 16)."""
 
     name = "fedpsa-sketch"
+    mod = "add fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
-        sketch = sketch_for_task(task.model, task.spec.extra, *data_shape(task.cfg))
-        task.signals[SignalKeys.SKETCH] = [float(v) for v in sketch]
-        task.signals[SignalKeys.UPDATE_NORM_SQ] = float(np.dot(delta.astype(np.float64), delta))
+        task.signals.update(
+            sketch_signals(task.model, task.spec.extra, *data_shape(task.cfg), delta)
+        )
+
+
+def sketch_signals(
+    model: Module,
+    settings: Mapping[str, Any],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    delta: np.ndarray,
+) -> dict[str, Any]:
+    """The reply signals of a trained `model` (loaded) whose update is `delta`: its sketch
+    as the task's `settings` ask (eq. 11) and ||delta||^2 (eq. 16)."""
+    sketch = sketch_for_task(model, settings, input_shape, num_classes)
+    return {
+        SignalKeys.SKETCH: [float(v) for v in sketch],
+        SignalKeys.UPDATE_NORM_SQ: float(np.dot(delta.astype(np.float64), delta)),
+    }
 
 
 # ---------------------------------------------------------------- the server half

@@ -1,0 +1,1 @@
+"""asyncfedpsa: FedPSA (fedstale) on a plain Flower / PyTorch app."""

@@ -1,0 +1,1 @@
+"""asyncquickstart: a Flower / PyTorch app with an asynchronous server (fedstale)."""

@@ -1,0 +1,484 @@
+"""fedstale's rules as Flower strategies, for a Flower user's own ServerApp and ClientApp.
+
+    strategy = fedstale.FedBuff(buffer_size=5, concurrency=10)      # was: FedAvg(...)
+    result = strategy.start(grid=grid, initial_arrays=arrays, num_rounds=50,
+                            train_config=ConfigRecord({"lr": 0.01}), evaluate_fn=...)
+
+`start` runs fedstale's engine (tasks in flight, versions, staleness, supersede,
+checkpoints, a results folder) against any ClientApp that answers Flower's standard train
+message (contract.py, FlowerContract) and returns Flower's `Result`. A round is one new
+global model version: `num_rounds` versions, as Flower's FedAvg makes one per round.
+Nodes become clients 0..n-1 in the order they appear (nodes.py, NodesInOrder).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import Result
+from flwr.serverapp.strategy import Strategy as FlowerStrategy
+
+from fedstale.common.config import FIX_HINT, ConfigError, KebabModel, RunConfig
+from fedstale.common.latency import profile_for
+from fedstale.common.models import ParamLayout
+from fedstale.common.records import from_array_record, to_array_record
+from fedstale.common.sensitivity import global_sketcher
+from fedstale.server_app import checkpoint
+from fedstale.server_app.contract import FlowerContract
+from fedstale.server_app.engine import Engine, EngineError
+from fedstale.server_app.experiment import checkpointer, prepare_folder, settings_of, summarize
+from fedstale.server_app.nodes import NodesInOrder
+from fedstale.server_app.progress import progress_for, setup_logging
+from fedstale.server_app.results import RunRecorder, claim_run_dir
+from fedstale.server_app.transport import GridTransport
+from fedstale.strategies.base import Setup
+from fedstale.strategies.registry import STRATEGIES, build_strategy, load_config
+
+log = logging.getLogger("fedstale")
+EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
+# Keys of fedstale's own app (its data, model and local training) that a Flower ClientApp
+# decides for itself: left out of config.json.
+APP_ONLY = {
+    "dataset",
+    "data-dir",
+    "model",
+    "partition",
+    "dirichlet-alpha",
+    "dirichlet-convention",
+    "classes-per-client",
+    "test-split",
+    "client-val-fraction",
+    "trainer",
+    "client-threads",
+    "test-faults",
+    "eval-batch-size",
+    "eval-target",
+    "eval-where",
+    "device",
+}
+
+
+class AsyncStrategy(FlowerStrategy):
+    """A fedstale rule driving any Flower ClientApp. Keyword arguments are fedstale's run
+    config keys in snake_case (`buffer_size=5`, `fedbuff_server_lr=0.5`, `clock="virtual"`);
+    see docs/library.md. Also: `num_clients` (default: every node online once
+    `min_available_nodes` are), `fraction_evaluate` (Flower evaluate messages to the nodes
+    with the final model), `model_fn` and `input_shape` (for a rule that computes on the
+    model at the server, FedPSA), `edges` (client -> edge, for HierFedAvg)."""
+
+    rule: ClassVar[str]
+    all_at_once: ClassVar[bool] = False  # every client trains at once (the hierarchy)
+
+    def __init__(
+        self,
+        *,
+        num_clients: int | None = None,
+        min_available_nodes: int = 2,
+        fraction_evaluate: float = 1.0,
+        model_fn: Callable[[], torch.nn.Module] | None = None,
+        input_shape: Sequence[int] | None = None,
+        edges: Mapping[int, int] | None = None,
+        **settings: Any,
+    ) -> None:
+        self.num_clients = num_clients
+        self.min_available_nodes = max(1, min_available_nodes)
+        self.fraction_evaluate = fraction_evaluate
+        self.model_fn = model_fn
+        self.input_shape = tuple(input_shape) if input_shape is not None else None
+        self.edges = dict(edges or {})
+        self.settings = {key.replace("_", "-"): value for key, value in settings.items()}
+        self.check_client_halves()
+        placeholder = max(self.min_available_nodes, int(self.settings.get("concurrency", 2)))
+        self.run_config(num_clients or placeholder, 1, 3600.0, {})
+
+    # ---------------------------------------------------------------- configuration
+    def check_client_halves(self) -> None:
+        for client_rule in STRATEGIES[self.rule].client_rules:
+            if not client_rule.mod:
+                raise ConfigError(
+                    f"{self.rule}: its client half ({client_rule.name}) runs only in "
+                    "fedstale's own ClientApp; run it with `fedstale run`"
+                )
+
+    def run_config(
+        self, num_clients: int, num_rounds: int, timeout: float, train_config: Mapping[str, Any]
+    ) -> tuple[RunConfig, KebabModel]:
+        """The run config of one `start` over `num_clients` nodes, or one ConfigError line.
+        `concurrency` (default 10) is capped at the number of clients."""
+        wanted = num_clients if self.all_at_once else int(self.settings.get("concurrency", 10))
+        if wanted > num_clients:
+            log.warning("concurrency %d capped at the %d clients online", wanted, num_clients)
+        wall = self.settings.get("clock", "wall") == "wall"
+        values: dict[str, Any] = {
+            "strategy": self.rule,
+            "clock": "wall",
+            "num-clients": num_clients,
+            "lr": train_config.get("lr", 0.01),
+            "lr-decay": 1.0,
+            "max-versions": num_rounds,
+            "max-virtual-time": 0.0,
+            "task-timeout": timeout,
+            "task-ttl": timeout,
+            "eval-interval": WALL_EVAL_SECONDS if wall else RunConfig().eval_interval,
+            "eval-target": "global",
+            **self.settings,
+            "concurrency": min(wanted, num_clients),
+        }
+        try:
+            return load_config(values)
+        except ConfigError as err:
+            message = str(err).replace(FIX_HINT, f"fix {type(self).__name__}(...)'s arguments")
+            raise ConfigError(message) from None
+
+    def summary(self) -> None:
+        log.info("fedstale %s, settings %s", self.rule, self.settings or "default")
+
+    # ---------------------------------------------------------------- Flower's round hooks
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        raise TypeError(
+            f"{type(self).__name__} is asynchronous: it has no training rounds to configure; "
+            "call start(grid=..., initial_arrays=...)"
+        )
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        raise TypeError(
+            f"{type(self).__name__} is asynchronous: it aggregates replies as they arrive; "
+            "call start(grid=..., initial_arrays=...)"
+        )
+
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        """Flower's federated evaluation, as its FedAvg does it (`fraction_evaluate`)."""
+        return self.evaluation().configure_evaluate(server_round, arrays, config, grid)
+
+    def aggregate_evaluate(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> MetricRecord | None:
+        return self.evaluation().aggregate_evaluate(server_round, replies)
+
+    def evaluation(self) -> FlowerFedAvg:
+        return FlowerFedAvg(
+            fraction_train=0.0,
+            fraction_evaluate=self.fraction_evaluate,
+            min_evaluate_nodes=1,
+            min_available_nodes=self.min_available_nodes,
+        )
+
+    # ---------------------------------------------------------------- the run
+    def start(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int = 3,
+        timeout: float = 3600,
+        train_config: ConfigRecord | None = None,
+        evaluate_config: ConfigRecord | None = None,
+        evaluate_fn: EvaluateFn | None = None,
+    ) -> Result:
+        """Run the rule until `num_rounds` global versions (or another budget in the
+        settings) and return Flower's Result: the final arrays, the clients' train metrics
+        per version (weighted by num-examples), evaluate_fn's metrics per version, and the
+        clients' evaluation of the final model."""
+        setup_logging()
+        configs = (ConfigRecord(train_config or {}), ConfigRecord(evaluate_config or {}))
+        try:
+            return self.run(grid, initial_arrays, num_rounds, timeout, configs, evaluate_fn)
+        except (ConfigError, EngineError) as err:
+            log.error("%s", err)
+            raise SystemExit(2) from None
+
+    def run(
+        self,
+        grid: Grid,
+        initial_arrays: ArrayRecord,
+        num_rounds: int,
+        timeout: float,
+        configs: tuple[ConfigRecord, ConfigRecord],
+        evaluate_fn: EvaluateFn | None,
+    ) -> Result:
+        started = time.monotonic()
+        user_config = dict(configs[0])
+        nodes = wait_for_nodes(grid, self.num_clients or self.min_available_nodes, self.settings)
+        run, params = self.run_config(self.num_clients or nodes, num_rounds, timeout, user_config)
+        arrays = from_array_record(initial_arrays)
+        layout = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+        dtypes = {name: a.dtype for name, a in arrays.items()}
+        settings = {k: v for k, v in settings_of(run, params, "").items() if k not in APP_ONLY}
+        name = run.run_name or f"{run.strategy}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        settings["run-name"] = name
+        resumed, kept = prepare_folder(run, settings, name)
+        recorder = ResultRecorder(claim_run_dir(run, name), kept)
+        result = Result()
+        try:
+            recorder.write_config({**settings, "train-config": user_config})
+            strategy = build_strategy(run, params, layout.flatten(arrays))
+            strategy.bind(self.setup(run, layout))
+            contract = FlowerContract(user_config, dtypes, self.hints())
+            engine = Engine(
+                run,
+                strategy,
+                GridTransport(grid, run.task_ttl),
+                layout,
+                profile_for(run),
+                self.evaluator(evaluate_fn, layout, contract, result, lambda: engine.version),
+                recorder,
+                progress_for(run.progress_interval),
+                checkpointer(recorder),
+                contract=contract,
+                nodes=NodesInOrder(run.num_clients, edge_of=dict(self.edges)),
+            )
+            if resumed is not None:
+                checkpoint.restore(engine, resumed)
+            log.info(
+                "run %s: %s over %d nodes, results in %s",
+                name,
+                run.strategy,
+                run.num_clients,
+                recorder.dir,
+            )
+            engine.run_loop()
+            result.arrays = array_record_of(strategy.model, layout, contract)
+            result.train_metrics_clientapp.update(recorder.train_metrics(contract.metrics))
+            self.evaluate_clients(grid, engine.version, result, configs[1], timeout)
+            finish(recorder, engine, layout, started)
+        finally:
+            recorder.close()
+        return result
+
+    def setup(self, run: RunConfig, layout: ParamLayout) -> Setup:
+        """What the rule may take before the run: the layout, uniform client sizes (a
+        Flower ClientApp's data sizes are unknown until it answers), and the server's
+        sketcher where `model_fn` was given."""
+
+        def no_calibration(size: int) -> tuple[dict[str, Any], Any]:
+            raise ConfigError(
+                f"{run.strategy}: a real calibration batch needs fedstale's own app's test "
+                "data; use fedpsa_calib_source='gaussian'"
+            )
+
+        def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
+            if self.model_fn is None or self.input_shape is None:
+                raise ConfigError(
+                    f"{run.strategy} sketches the global model at the server: pass "
+                    f"{type(self).__name__}(model_fn=<your model factory>, "
+                    "input_shape=<one sample's shape>)"
+                )
+            model = self.model_fn()
+            with torch.no_grad():
+                num_classes = int(model(torch.zeros(1, *self.input_shape)).shape[-1])
+            return global_sketcher(model, self.input_shape, num_classes)(settings, batch)
+
+        def no_aligner() -> Any:
+            raise ConfigError(f"{run.strategy}: the diagnostic needs fedstale's own app")
+
+        return Setup(
+            segments=tuple(layout.segments),
+            client_sizes=np.ones(run.num_clients),
+            calibration=no_calibration,
+            sketcher=sketcher,
+            aligner=no_aligner,
+        )
+
+    def hints(self) -> dict[str, str]:
+        return {rule.name: rule.mod for rule in STRATEGIES[self.rule].client_rules}
+
+    def evaluator(
+        self,
+        evaluate_fn: EvaluateFn | None,
+        layout: ParamLayout,
+        contract: FlowerContract,
+        result: Result,
+        version_now: Callable[[], int],
+    ) -> Callable[[np.ndarray], tuple[float, float]]:
+        """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in
+        the Result by version; "accuracy" and "loss" from it go to metrics.jsonl."""
+
+        def score(flat: np.ndarray) -> tuple[float, float]:
+            if evaluate_fn is None:
+                return math.nan, math.nan
+            version = version_now()
+            metrics = evaluate_fn(version, array_record_of(flat, layout, contract))
+            if metrics is None:
+                return math.nan, math.nan
+            result.evaluate_metrics_serverapp[version] = metrics
+            return number(metrics, "accuracy"), number(metrics, "loss")
+
+        return score
+
+    def evaluate_clients(
+        self, grid: Grid, version: int, result: Result, config: ConfigRecord, timeout: float
+    ) -> None:
+        """One round of Flower evaluate messages with the final model (fraction_evaluate)."""
+        if self.fraction_evaluate <= 0:
+            return
+        messages = self.configure_evaluate(version, result.arrays, config, grid)
+        replies = grid.send_and_receive(messages, timeout=timeout)
+        metrics = self.aggregate_evaluate(version, replies)
+        if metrics is not None:
+            result.evaluate_metrics_clientapp[version] = metrics
+
+
+def number(metrics: MetricRecord, key: str) -> float:
+    value = metrics.get(key)
+    return float(value) if isinstance(value, int | float) else math.nan
+
+
+def array_record_of(flat: np.ndarray, layout: ParamLayout, contract: FlowerContract) -> ArrayRecord:
+    return to_array_record(contract.outgoing(layout.unflatten(flat)))
+
+
+def wait_for_nodes(grid: Grid, wanted: int, settings: Mapping[str, Any]) -> int:
+    """How many nodes are online once `wanted` are, or one EngineError line."""
+    wait = float(settings.get("node-wait-seconds", RunConfig().node_wait_seconds))
+    deadline = time.monotonic() + wait
+    while True:
+        found = len(list(grid.get_node_ids()))
+        if found >= wanted:
+            return found
+        if time.monotonic() > deadline:
+            raise EngineError(
+                f"only {found} of {wanted} nodes connected within {wait:g} s; start more "
+                "SuperNodes (in simulation: options.num-supernodes) or lower min_available_nodes"
+            )
+        time.sleep(0.5)
+
+
+class ResultRecorder(RunRecorder):
+    """The run folder's recorder, also keeping which tasks each version aggregated."""
+
+    def __init__(self, directory: Path, kept: dict[str, list[str]] | None = None) -> None:
+        super().__init__(directory, kept)
+        self.tasks_of: dict[int, list[int]] = defaultdict(list)
+
+    def update(self, row: dict[str, Any]) -> None:
+        super().update(row)
+        self.tasks_of[int(row["version"])].append(int(row["task"]))
+
+    def train_metrics(self, replies: Mapping[int, Mapping[str, Any]]) -> dict[int, MetricRecord]:
+        """Per version, the scalar train metrics of the replies it aggregated, weighted by
+        num-examples (Flower's FedAvg's train_metrics_aggr_fn)."""
+        out = {}
+        for version, tasks in sorted(self.tasks_of.items()):
+            rows = [replies[t] for t in tasks if t in replies]
+            weights = np.array([float(r["num-examples"]) for r in rows])
+            if not rows or weights.sum() <= 0:
+                continue
+            keys = [
+                k for k, v in rows[0].items() if isinstance(v, int | float) and k != "num-examples"
+            ]
+            out[version] = MetricRecord(
+                {
+                    k: float(np.dot(weights, [float(r.get(k, 0.0)) for r in rows]) / weights.sum())
+                    for k in keys
+                }
+            )
+        return out
+
+
+def finish(recorder: RunRecorder, engine: Engine, layout: ParamLayout, started: float) -> None:
+    summary = summarize(engine, time.monotonic() - started)
+    recorder.write_summary(summary)
+    recorder.save_model(layout.unflatten(engine.strategy.model))
+    recorder.plot(
+        f"{engine.run.strategy}",
+        [e.virtual_time for e in engine.evaluations],
+        [e.accuracy for e in engine.evaluations],
+    )
+    log.info(
+        "done: %d versions, %d updates (%d rejected, %d lost) in %.1f s (%s)",
+        summary["versions"],
+        summary["updates_accepted"],
+        summary["updates_rejected"],
+        summary["tasks_lost"],
+        summary["wall_seconds"],
+        recorder.dir,
+    )
+
+
+# ---------------------------------------------------------------- the rules, by name
+
+
+class FedAvg(AsyncStrategy):
+    """FedAvg (McMahan et al. 2017) on fedstale's engine: rounds of `concurrency` clients,
+    w = sum n_i w_i / sum n_i; the synchronous baseline, with results folder and checkpoints."""
+
+    rule = "fedavg"
+
+
+class FedAsync(AsyncStrategy):
+    """FedAsync (Xie et al. 2019): every update is mixed in on arrival,
+    w <- (1 - a_t) w + a_t w_i with a_t = fedasync_alpha * s(staleness)."""
+
+    rule = "fedasync"
+
+
+class FedBuff(AsyncStrategy):
+    """FedBuff (Nguyen et al. 2022): deltas buffered K at a time (`buffer_size`), each
+    discounted by (1 + staleness)^-0.5."""
+
+    rule = "fedbuff"
+
+
+class CA2FL(AsyncStrategy):
+    """CA2FL (Wang et al. 2024): FedBuff's buffer calibrated with each client's cached
+    latest update."""
+
+    rule = "ca2fl"
+
+
+class FedFa(AsyncStrategy):
+    """FedFa (Xu et al. 2024): a sliding window of the last K models, averaged on every
+    arrival."""
+
+    rule = "fedfa"
+
+
+class FedPSA(AsyncStrategy):
+    """FedPSA (Lu et al.): buffered updates weighted by how far each client's parameter
+    sensitivity has drifted from the global model's, at a temperature that follows training.
+    Needs `model_fn` and `input_shape` here, and fedstale.fedpsa_mod in the ClientApp."""
+
+    rule = "fedpsa"
+
+
+class SaflFedSGD(AsyncStrategy):
+    """Semi-asynchronous FedSGD (the FedQS paper's baseline): w += (1/K) sum delta_i over
+    the first K updates of a FIFO."""
+
+    rule = "safl-fedsgd"
+
+
+class SaflFedAvg(AsyncStrategy):
+    """Semi-asynchronous FedAvg (the FedQS paper's baseline): w = (1/K) sum w_i over the
+    first K models of a FIFO."""
+
+    rule = "safl-fedavg"
+
+
+class HierFedAvg(AsyncStrategy):
+    """HierFedAvg (Liu et al. 2020): clients average at their edge, edges at the cloud;
+    every client trains at once. `edges` maps client -> edge (default: seeded equal groups
+    of `mafsa_edges`)."""
+
+    rule = "hierfedavg"
+    all_at_once = True
+
+
+LIBRARY = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, SaflFedSGD, SaflFedAvg, HierFedAvg)
