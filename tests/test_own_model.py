@@ -18,7 +18,7 @@ from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
-from tests.flower_procs import CONNECTION, SimulationSuperLink
+from tests.flower_procs import SimulationSuperLink
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = (
