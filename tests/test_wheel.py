@@ -1,61 +1,56 @@
 """The wheel: built from the repository and installed into a fresh virtualenv that already
-holds the user's torch, it installs one top-level import name and gives a working
-`fedstale` command from a directory outside the checkout."""
+holds the user's torch, it installs one top-level import name, ships the app's description
+and the deploy scripts, and gives a working `fedstale` command (every subcommand's --help,
+check, run --local) from a directory outside the checkout."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
+import json
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from fedstale.launcher.cli import COMMANDS
+from tests.wheel_env import ROOT, elsewhere, installed, run
+
+SHIPPED = {
+    "pyproject.toml": "fedstale/app/pyproject.toml",
+    "docker/certs.sh": "fedstale/app/docker/certs.sh",
+    "docker/keys.sh": "fedstale/app/docker/keys.sh",
+}
+TINY = "dataset=digits num-clients=4 concurrency=2 max-updates=6 max-virtual-time=0"
 
 
-def run(command: list[object], timeout: float, cwd: Path | None = None) -> str:
-    done = subprocess.run(
-        [str(part) for part in command],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"},
-    )
-    assert done.returncode == 0, f"{command}: {done.stderr[-2000:]}"
-    return done.stdout + done.stderr
-
-
-def test_the_wheel_installs_one_name_and_works_outside_the_checkout(tmp_path: Path) -> None:
-    dist = tmp_path / "dist"
-    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], 600)
-    (wheel,) = dist.glob("fedstale-*.whl")
+def test_the_wheel_holds_one_name_the_app_and_the_deploy_scripts() -> None:
+    wheel, _ = installed()
     with zipfile.ZipFile(wheel) as archive:
-        top = {name.split("/")[0] for name in archive.namelist()}
-    assert {t for t in top if not t.endswith(".dist-info")} == {"fedstale"}
-    venv = tmp_path / "venv"
-    run([sys.executable, "-m", "venv", venv], 120)
-    pip = venv / "bin" / "pip"
-    run([pip, "install", "-q", "torch==2.13.0"], 900)  # the user's torch, there first
-    run([pip, "install", "-q", wheel], 900)
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    fedstale = venv / "bin" / "fedstale"
-    assert run([fedstale, "--version"], 120, elsewhere).startswith("fedstale 0.")
-    checked = run(
-        [
-            fedstale,
-            "check",
-            "--app",
-            ROOT,
-            "--run-config",
-            "dataset=digits num-clients=4 concurrency=2",
-        ],
-        300,
-        elsewhere,
-    )
-    assert "config ok" in checked and "on digits" in checked
+        names = archive.namelist()
+        top = {name.split("/")[0] for name in names}
+        assert {t for t in top if not t.endswith(".dist-info")} == {"fedstale"}
+        for source, packaged in SHIPPED.items():
+            assert archive.read(packaged) == (ROOT / source).read_bytes(), packaged
+
+
+def test_the_installed_command_works_outside_the_checkout(tmp_path: Path) -> None:
+    _, bins = installed()
+    fedstale, here = bins["newest"] / "fedstale", elsewhere(tmp_path)
+    assert run([fedstale, "--version"], 120, here).startswith("fedstale 0.")
+    for name in COMMANDS:
+        assert f"usage: fedstale {name}" in run([fedstale, name, "--help"], 120, here)
+    checked = run([fedstale, "check", "--run-config", TINY], 300, here)
+    assert "config ok (fedbuff on digits)" in checked
+    refused = run([fedstale, "check", "--app", tmp_path / "none"], 120, here, code=2)
+    assert refused.strip().count("\n") == 0 and "no pyproject.toml" in refused
     imported = run(
-        [venv / "bin" / "python", "-c", "import fedstale; print(fedstale.__file__)"], 120, elsewhere
+        [bins["newest"] / "python", "-c", "import fedstale; print(fedstale.__file__)"], 120, here
     )
-    assert str(venv) in imported
+    assert str(bins["newest"].parent) in imported
+
+
+def test_the_installed_command_runs_locally_into_this_directory(tmp_path: Path) -> None:
+    _, bins = installed()
+    here = elsewhere(tmp_path)
+    config = f"{TINY} run-name=tiny"
+    command = [bins["newest"] / "fedstale", "run", "--local", "--workers", "1"]
+    run([*command, "--run-config", config], 300, here)
+    summary = json.loads((here / "runs" / "tiny" / "summary.json").read_text())
+    assert summary["updates_accepted"] == 6

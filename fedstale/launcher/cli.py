@@ -12,8 +12,9 @@
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
-problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` and exits
-non-zero unless the run wrote its summary. On Flower's `local` connection it starts the local
+problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` (`./runs/`
+outside a checkout, where the app installed with the package runs) and exits non-zero
+unless the run wrote its summary. On Flower's `local` connection it starts the local
 SuperLink itself and stops it afterwards (fedstale/launcher/local_link.py). `--local` runs the same
 engine and client code in this process, the clients' tasks on `--workers` cores; on the
 virtual clock its results equal Flower simulation's for the same seed. String values need no

@@ -1,0 +1,111 @@
+"""The wheel built from the repository, installed into fresh virtualenvs at the ends of the
+dependency ranges (tests/test_wheel.py, tests/test_bounds.py).
+
+Each virtualenv gets the user's CPU torch first (pip choosing torch itself pulls a CUDA
+build), then the wheel: "lower" with flwr and numpy pinned to the ranges' lower bounds,
+"newest" resolved freely (the newest versions the ranges allow). The wheel is built and
+both environments installed once per test session, in parallel, under one temporary
+folder removed when the session ends.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
+# The pins of each bound, and the versions each must end up with (prefixes for "newest":
+# the top of each range, whichever patch release the registry serves).
+PINS = {"lower": ["flwr[simulation]==1.41.0", "numpy==1.26.4"], "newest": []}
+EXPECTED = {
+    "lower": {"flwr": "1.41.0", "numpy": "1.26.4", "torch": "2.13.0"},
+    "newest": {"flwr": "1.42.", "numpy": "2.4.", "torch": "2.13.0"},
+}
+INSTALL_SECONDS = 900
+
+
+def env(**extra: str) -> dict[str, str]:
+    """This environment without the runtime `uv sync` of Flower's SuperLink."""
+    return {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **extra}
+
+
+def run(
+    command: list[object],
+    timeout: float,
+    cwd: Path | None = None,
+    extra_env: dict[str, str] | None = None,
+    code: int = 0,
+) -> str:
+    """Run `command`, assert its exit code; its stdout and stderr. Past `timeout` it gets
+    SIGTERM first (fedstale then stops the Flower processes it started), SIGKILL 30 s on."""
+    with subprocess.Popen(
+        [str(part) for part in command],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(**(extra_env or {})),
+    ) as process:
+        try:
+            output, _ = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.terminate()
+            try:
+                output, _ = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+            raise AssertionError(f"{command} ran past {timeout} s: {output[-3000:]}") from None
+    assert process.returncode == code, f"{command} exited {process.returncode}: {output[-3000:]}"
+    return output
+
+
+def build_wheel(dist: Path) -> Path:
+    run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", dist, ROOT], 600)
+    (wheel,) = dist.glob("fedstale-*.whl")
+    return wheel
+
+
+def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
+    """A fresh virtualenv with CPU torch, then the wheel (and `pins`); its bin folder."""
+    run([sys.executable, "-m", "venv", venv], 120)
+    pip = venv / "bin" / "pip"
+    run([pip, "install", "-q", "--no-compile", TORCH], INSTALL_SECONDS)
+    run([pip, "install", "-q", "--no-compile", wheel, *pins], INSTALL_SECONDS)
+    return venv / "bin"
+
+
+@functools.cache
+def installed() -> tuple[Path, dict[str, Path]]:
+    """The wheel and {"lower": bin folder, "newest": bin folder}, made once per session."""
+    base = Path(tempfile.mkdtemp(prefix="fedstale-wheel-"))
+    atexit.register(shutil.rmtree, base, True)
+    wheel = build_wheel(base / "dist")
+    with ThreadPoolExecutor(len(PINS)) as pool:
+        futures = {b: pool.submit(install, base / b, wheel, pins) for b, pins in PINS.items()}
+        return wheel, {bound: future.result() for bound, future in futures.items()}
+
+
+def versions(bin_dir: Path) -> dict[str, str]:
+    """flwr, numpy and torch versions of that environment."""
+    code = (
+        "import importlib.metadata as m, json; "
+        "print(json.dumps({p: m.version(p) for p in ('flwr', 'numpy', 'torch')}))"
+    )
+    return json.loads(run([bin_dir / "python", "-c", code], 120).strip().splitlines()[-1])
+
+
+def elsewhere(tmp_path: Path) -> Path:
+    """A working directory outside the checkout."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    return folder
