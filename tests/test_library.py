@@ -1,0 +1,384 @@
+"""fedstale's rules as Flower strategies over plain Flower ClientApps (docs/library.md): the
+standard train contract, nodes taken in order, the client mod, and the example apps run
+with `flwr run` in simulation and on real SuperNodes."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp.strategy import Strategy as FlowerStrategy
+
+import fedstale
+from fedstale.common.config import ConfigError
+from fedstale.common.latency import profile_for
+from fedstale.common.models import ParamLayout
+from fedstale.common.records import from_array_record, message_content
+from fedstale.common.schema import InvalidReply, SignalKeys, TaskKeys, TaskSpec
+from fedstale.launcher.deploy import CONNECTION, LocalDeployment
+from fedstale.launcher.launch import tool
+from fedstale.server_app.clock import Task
+from fedstale.server_app.contract import FlowerContract, MissingSignal
+from fedstale.server_app.engine import Engine, EngineError
+from fedstale.server_app.flower_strategy import AsyncStrategy
+from fedstale.server_app.nodes import NodesInOrder
+from fedstale.server_app.results import read_jsonl
+from fedstale.server_app.transport import Reply
+from fedstale.strategies.base import Assignment
+from fedstale.strategies.registry import STRATEGIES
+from tests.helpers import ListRecorder, ScriptedTransport, run_config
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "examples" / "async-quickstart"
+FEDPSA_EXAMPLE = ROOT / "examples" / "async-fedpsa"
+LAYOUT = ParamLayout(("w", "steps"), ((2, 2), (1,)))
+DTYPES = {"w": np.dtype(np.float32), "steps": np.dtype(np.int64)}
+
+
+def task(task_id: int = 0, client: int = 0, version: int = 0) -> Task:
+    return Task(task_id, client, 100 + client, f"m{task_id}", version, 0, 0.0, 0.0)
+
+
+def model_reply(w: float, steps: int = 3, **metrics: Any) -> Reply:
+    arrays = {"w": np.full((2, 2), w, np.float32), "steps": np.array([steps], np.int64)}
+    return Reply("m0", metrics={"num-examples": 20, **metrics}, arrays=arrays)
+
+
+def strategy(name: str) -> Any:
+    run = run_config(strategy=name, num_clients=3, concurrency=2)
+    cls = STRATEGIES[name]
+    return cls(run, cls.Params(), np.zeros(LAYOUT.total, np.float32))
+
+
+# ---------------------------------------------------------------- the contract
+
+
+def test_the_update_is_the_trained_model_minus_the_model_sent() -> None:
+    contract = FlowerContract({}, DTYPES)
+    contract.sent(0, np.array([1, 1, 1, 1, 0], np.float32))
+    update = contract.update(task(), model_reply(1.5), strategy("fedbuff"), LAYOUT, 2, 5, set())
+    assert update.vector.tolist() == [0.5, 0.5, 0.5, 0.5, 3.0]
+    assert (update.num_examples, update.staleness) == (20, 2)
+    contract.sent(1, np.ones(5, np.float32))  # a rule that takes models gets the model
+    model = contract.update(task(1), model_reply(2.0), strategy("fedavg"), LAYOUT, 0, 0, set())
+    assert model.vector.tolist() == [2.0, 2.0, 2.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (Reply("m0", metrics={"loss": 1.0}, arrays={}), "lacks an integer 'num-examples'"),
+        (model_reply(1.0, **{"num-examples": 0}), "'num-examples' = 0 is not a count"),
+        (Reply("m0", metrics={"num-examples": 3}), "carries no 'arrays'"),
+        (model_reply(float("nan")), "NaN or Inf"),
+        (Reply("m0", invalid="reply has no MetricRecord 'metrics'"), "no MetricRecord"),
+    ],
+)
+def test_a_reply_that_breaks_the_contract_is_rejected_with_its_reason(
+    reply: Reply, reason: str
+) -> None:
+    contract = FlowerContract({}, DTYPES)
+    contract.sent(0, np.zeros(5, np.float32))
+    with pytest.raises(InvalidReply, match=reason):
+        contract.update(task(), reply, strategy("fedbuff"), LAYOUT, 0, 0, set())
+
+
+def test_a_wrong_shape_or_name_is_rejected() -> None:
+    contract = FlowerContract({}, DTYPES)
+    contract.sent(0, np.zeros(5, np.float32))
+    wrong = Reply("m0", metrics={"num-examples": 2}, arrays={"w": np.zeros((4,), np.float32)})
+    with pytest.raises(InvalidReply, match=r"missing \['steps'\]"):
+        contract.update(task(), wrong, strategy("fedbuff"), LAYOUT, 0, 0, set())
+    wrong.arrays = {"w": np.zeros((4,), np.float32), "steps": np.zeros(1, np.int64)}
+    with pytest.raises(InvalidReply, match=r"shape \(4,\), expected \(2, 2\)"):
+        contract.update(task(), wrong, strategy("fedbuff"), LAYOUT, 0, 0, set())
+
+
+def test_a_missing_signal_names_the_mod_to_add() -> None:
+    rule = strategy("fedpsa")
+    hints = {r.name: r.mod for r in rule.client_rules}
+    contract = FlowerContract({}, DTYPES, hints)
+    contract.sent(0, np.zeros(5, np.float32))
+    with pytest.raises(MissingSignal) as err:
+        contract.update(task(), model_reply(1.0), rule, LAYOUT, 0, 0, set())
+    assert str(err.value) == (
+        "fedpsa needs 'sketch', 'update-norm-sq' in every train reply: add "
+        "fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
+    )
+
+
+def test_the_users_train_config_wins_except_where_the_rule_sets_a_value_per_task() -> None:
+    contract = FlowerContract({"lr": 0.5, "local-epochs": 2, "note": "mine"}, DTYPES)
+    spec = TaskSpec(task_id=7, version=3, lr=0.1, local_epochs=5, batch_size=64, seed=1)
+    plain = contract.task_config(spec, Assignment(0, {}))
+    assert (plain["lr"], plain["local-epochs"], plain["note"]) == (0.5, 2, "mine")
+    assert (plain["server-round"], plain[TaskKeys.TASK_ID]) == (4, 7)
+    per_task = contract.task_config(spec, Assignment(0, {}, settings={"lr": 0.1}))
+    assert per_task["lr"] == 0.1
+
+
+def test_arrays_go_out_in_the_users_dtypes() -> None:
+    out = FlowerContract({}, DTYPES).outgoing(LAYOUT.unflatten(np.arange(5, dtype=np.float32)))
+    assert (out["w"].dtype, out["steps"].dtype, out["steps"].tolist()) == (
+        np.float32,
+        np.int64,
+        [4],
+    )
+
+
+# ---------------------------------------------------------------- nodes in order
+
+
+class Online:
+    def __init__(self, *nodes: int) -> None:
+        self.nodes = list(nodes)
+
+    def node_ids(self) -> list[int]:
+        return self.nodes
+
+
+def test_nodes_become_clients_in_order_and_a_newcomer_takes_a_lost_clients_place() -> None:
+    nodes, online = NodesInOrder(2), Online(30, 10, 20)
+    assert nodes.refresh(online) == []  # type: ignore[arg-type]
+    assert nodes.node_of == {0: 10, 1: 20}
+    assert nodes.spare == {30}
+    online.nodes = [30, 20]
+    assert nodes.refresh(online) == [10]  # type: ignore[arg-type]
+    assert nodes.node_of == {0: 30, 1: 20}
+    assert nodes.spare == set()
+
+
+def test_a_run_whose_replies_all_lack_the_signal_stops_with_the_line_naming_the_mod() -> None:
+    """FedPSA over a ClientApp without fedstale.fedpsa_mod: every reply is rejected, and
+    once `concurrency` have been with none accepted, the run stops with that line."""
+    run = run_config(strategy="fedpsa", num_clients=3, concurrency=2, max_virtual_time=5000.0)
+    rule = STRATEGIES["fedpsa"](run, STRATEGIES["fedpsa"].Params(), np.zeros(5, np.float32))
+
+    def plain_train(partition: int, config: Any, arrays: dict) -> tuple[dict, dict]:
+        return {"num-examples": 5}, {k: v + 0.1 for k, v in arrays.items()}
+
+    engine = Engine(
+        run,
+        rule,
+        ScriptedTransport(3, plain_train),
+        LAYOUT,
+        profile_for(run),
+        lambda flat: (0.0, 0.0),
+        ListRecorder(),
+        contract=FlowerContract({}, DTYPES, {r.name: r.mod for r in rule.client_rules}),
+        nodes=NodesInOrder(3),
+    )
+    with pytest.raises(EngineError, match=r"^fedpsa needs 'sketch', 'update-norm-sq' .*fedpsa_mod"):
+        engine.run_loop()
+    assert (engine.counters.accepted, engine.counters.rejected) == (0, 2)
+
+
+# ---------------------------------------------------------------- the strategies
+
+
+def test_every_library_strategy_is_a_flower_strategy_of_a_registered_rule() -> None:
+    for name in ("FedAvg", "FedAsync", "FedBuff", "CA2FL", "FedFa", "SaflFedSGD", "SaflFedAvg"):
+        made = getattr(fedstale, name)()
+        assert isinstance(made, FlowerStrategy)
+        assert made.rule in STRATEGIES
+    assert isinstance(fedstale.HierFedAvg(num_clients=6, mafsa_edges=2), FlowerStrategy)
+
+
+def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"unknown key 'bufer-size'; did you mean 'buffer-size'"):
+        fedstale.FedBuff(bufer_size=3)
+    with pytest.raises(ConfigError, match=r"fix FedBuff\(\.\.\.\)'s arguments"):
+        fedstale.FedBuff(buffer_size=0)
+
+    class Pace(AsyncStrategy):
+        rule = "pace"
+
+    with pytest.raises(ConfigError, match="runs only in fedstale's own ClientApp"):
+        Pace()
+    with pytest.raises(TypeError, match="asynchronous"):
+        fedstale.FedBuff().configure_train(1, ArrayRecord(), ConfigRecord(), None)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def in_a_clientapp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity Flower gives a ClientApp's process (a reply Message needs it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_the_fedpsa_mod_adds_what_the_server_checks() -> None:
+    """The mod's sketch and ||delta||^2 pass FedPSA's own reply checks."""
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3))
+    start = {k: v.numpy().copy() for k, v in net.state_dict().items()}
+    rule = strategy_for(net)
+    assignment = rule.assign(0, rule_view())
+    spec = TaskSpec(0, 0, 0.1, 1, 8, 1, rules=("fedpsa-sketch",), extra=assignment.entries)
+    msg = Message(message_content(spec.to_config(), start), dst_node_id=1, message_type="train")
+
+    def user_train(message: Message, context: Context) -> Message:
+        trained = {k: v + 0.01 for k, v in from_array_record(message.content["arrays"]).items()}
+        content = message_content(None, trained, metrics={"num-examples": 4})
+        return Message(content, reply_to=message)
+
+    mod = fedstale.fedpsa_mod(
+        lambda: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)), (1, 2, 2)
+    )
+    reply = mod(msg, Context(0, 0, {}, None, {}), user_train)  # type: ignore[arg-type]
+    metrics = dict(reply.content["metrics"])
+    assert len(metrics[SignalKeys.SKETCH]) == rule.params.fedpsa_sketch_dim
+    layout = ParamLayout.of(net)
+    contract = FlowerContract({}, {k: np.dtype(np.float32) for k in layout.names})
+    contract.sent(0, layout.flatten(start))
+    trained = Reply("m0", metrics=metrics, arrays=from_array_record(reply.content["arrays"]))
+    update = contract.update(task(), trained, rule, layout, 0, 0, set())
+    assert update.signals[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(15 * 0.01**2, rel=1e-3)
+    evaluate = Message(RecordDict(), dst_node_id=1, message_type=MessageType.EVALUATE)
+    assert names_untouched(mod, evaluate)
+
+
+def strategy_for(net: torch.nn.Module) -> Any:
+    from fedstale.strategies.fedpsa import FedPSA
+
+    layout = ParamLayout.of(net)
+    return FedPSA(
+        run_config(strategy="fedpsa", num_clients=3, concurrency=2),
+        FedPSA.Params(),
+        np.zeros(layout.total, np.float32),
+    )
+
+
+def rule_view() -> Any:
+    from fedstale.strategies.base import View
+
+    return View(0, (0, 1, 2), (), 2)
+
+
+def names_untouched(mod: Any, msg: Message) -> bool:
+    seen = []
+
+    def passthrough(message: Message, context: Context) -> Message:
+        seen.append(message)
+        return Message(RecordDict(), reply_to=message)
+
+    reply = mod(msg, Context(0, 0, {}, None, {}), passthrough)
+    return len(seen) == 1 and "metrics" not in reply.content
+
+
+# ---------------------------------------------------------------- real Flower runs
+
+
+@pytest.fixture(scope="module")
+def link_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDeployment, Path]]:
+    """A simulation SuperLink whose ServerApps write into a folder of the test's own (the
+    example saves final_model.pt and its runs/ in the current directory)."""
+    work = tmp_path_factory.mktemp("library")
+    here = Path.cwd()
+    os.chdir(work)
+    try:
+        link = LocalDeployment(work / "home", 0, simulation=True).start()
+    finally:
+        os.chdir(here)
+    yield link, work
+    link.stop()
+
+
+def flwr_run(env: dict[str, str], app: Path, config: str, nodes: int = 4) -> str:
+    federation = f"num-supernodes={nodes} client-resources-num-cpus=1"
+    command = [tool("flwr"), "run", str(app), CONNECTION, "--stream", "--run-config", config]
+    if nodes:
+        command += ["--federation-config", federation]
+    result = subprocess.run(
+        command, env=env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def app_with(tmp_path: Path, source: Path, old: str, new: str) -> Path:
+    app = tmp_path / source.name
+    shutil.copytree(source, app, ignore=shutil.ignore_patterns("__pycache__"))
+    server = next(app.glob("*/server_app.py"))
+    server.write_text(server.read_text().replace(old, new))
+    return app
+
+
+def new_run(work: Path, before: set[Path]) -> Path:
+    (run,) = set((work / "runs").iterdir()) - before
+    return run
+
+
+def test_the_quickstart_clientapp_knows_nothing_of_fedstale() -> None:
+    client = ast.parse((QUICKSTART / "asyncquickstart" / "client_app.py").read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(client)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+    }
+    imported |= {node.module or "" for node in ast.walk(client) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"torch", "flwr.app", "flwr.clientapp", "asyncquickstart.task"}
+    server = (QUICKSTART / "asyncquickstart" / "server_app.py").read_text()
+    assert "from fedstale import FedBuff" in server
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("rule", ["FedBuff", "FedAsync", "FedAvg"])
+def test_quickstart_trains_under_fedstale_in_simulation(
+    rule: str, link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    app = app_with(tmp_path, QUICKSTART, "FedBuff", rule)
+    output = flwr_run(link.env, app, "num-server-rounds=4")
+    run = new_run(work, before)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == rule.lower()
+    assert (summary["versions"], summary["updates_rejected"]) == (4, 0)
+    accuracies = [row["accuracy"] for row in read_jsonl(run / "metrics.jsonl")]
+    assert accuracies[-1] > accuracies[0] + 0.1, accuracies
+    clients = {row["client"] for row in read_jsonl(run / "updates.jsonl")}
+    assert len(clients) >= 2 and clients <= {0, 1, 2, 3}
+    assert "aggregate_evaluate: Received 2 results and 0 failures" in output
+    assert (work / "final_model.pt").stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_fedpsa_with_its_client_mod_in_simulation(
+    link_in: tuple[LocalDeployment, Path],
+) -> None:
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    flwr_run(link.env, FEDPSA_EXAMPLE, "num-server-rounds=3")
+    run = new_run(work, before)
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    kappas = [row["kappa"] for row in read_jsonl(run / "updates.jsonl")]
+    assert len(kappas) == 9 and all(-1 <= k <= 1 for k in kappas)
+
+
+@pytest.mark.integration
+def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
+    here = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        with LocalDeployment(tmp_path / "home", 3) as deployment:
+            flwr_run(deployment.env, QUICKSTART, "num-server-rounds=3", nodes=0)
+    finally:
+        os.chdir(here)
+    (run,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    assert {row["client"] for row in read_jsonl(run / "updates.jsonl")} == {0, 1, 2}
