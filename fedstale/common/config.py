@@ -31,7 +31,6 @@ CROSS_ENTROPY_RULES = {
     "fedpsa": "its sensitivity sketches are cross-entropy gradients",
     "fedqs-sgd": "its clients score per-class accuracy",
     "fedqs-avg": "its clients score per-class accuracy",
-    "mafsa": "its clients' lazy stale training minimises cross-entropy",
 }
 DEFAULT_MODEL: dict[str, str] = {
     "fmnist": "linear",

@@ -98,10 +98,12 @@ def writable_runs_dir(run: RunConfig) -> Path:
 
 
 def run_name(run: RunConfig) -> str:
-    """`run-name`, or `<strategy>-<dataset>-s<seed>-<timestamp>` when it is empty."""
+    """`run-name`, or `<strategy>-<dataset>-s<seed>-<timestamp>` when it is empty (a
+    dataset reference `pkg.module:loader` as `pkg.module.loader`)."""
     if run.run_name:
         return run.run_name
-    return f"{run.strategy}-{run.dataset}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    dataset = run.dataset.replace(":", ".")
+    return f"{run.strategy}-{dataset}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def aulc(times: list[float], accuracies: list[float], unit: float = DAY) -> float:

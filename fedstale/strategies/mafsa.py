@@ -17,6 +17,7 @@ import numpy as np
 
 from fedstale.common.federation import client_data
 from fedstale.common.models import get_flat, set_flat
+from fedstale.common.objectives import objective
 from fedstale.common.schema import STALE, RuleKeys
 from fedstale.common.training import Optimiser, local_train
 from fedstale.strategies.base import Update
@@ -71,6 +72,7 @@ class StaleTraining(ClientRule):
                     spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip
                 ),
                 steps=spec.local_steps,
+                loss=objective(task.cfg.loss, task.cfg.metric).loss,
             )
         task.outputs[STALE] = get_flat(task.model)
 
