@@ -374,7 +374,8 @@ class Engine:
                 self.handle(task, self.book.take(task))
             handled = True
             self.check_budgets()
-            self.fill()
+            if not self.stop_reason:  # a task sent now would train for nothing
+                self.fill()
         return handled
 
     # ---------------------------------------------------------------- evaluation
