@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -132,14 +133,15 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     evals = engine.evaluations
     times = [e.virtual_time for e in evals]
     accuracies = [e.accuracy for e in evals]
+    scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
     counters = engine.counters
     return {
         "strategy": engine.run.strategy,
         "evaluation": "per-client" if engine.scores.per_client else "global",
         "stop_reason": engine.stop_reason,
         "final_accuracy": accuracies[-1],
-        "best_accuracy": max(accuracies),
-        "acc_std": statistics.pstdev(accuracies),
+        "best_accuracy": max(scored) if scored else math.nan,
+        "acc_std": statistics.pstdev(scored) if scored else math.nan,
         "aulc_days": aulc(times, accuracies),
         "time_to_target": engine.time_to_target,
         "virtual_time": times[-1],

@@ -36,38 +36,49 @@ class Nodes(Protocol):
 
 
 @dataclass
-class NodeBook:
+class ClientBook:
+    """Which node serves which client, both ways; what both kinds of book share."""
+
     num_clients: int
-    client_of: dict[int, int] = field(default_factory=dict)
-    node_of: dict[int, int] = field(default_factory=dict)
-    queries: dict[str, int] = field(default_factory=dict)
-    refused: set[int] = field(default_factory=set)
-    edge_of: dict[int, int] = field(default_factory=dict)  # client -> the edge its node names
+    client_of: dict[int, int] = field(default_factory=dict)  # node -> client
+    node_of: dict[int, int] = field(default_factory=dict)  # client -> node
+    edge_of: dict[int, int] = field(default_factory=dict)  # client -> edge, where known
 
     @property
     def clients(self) -> list[int]:
         return sorted(self.node_of)
 
-    def refresh(self, transport: Transport) -> list[int]:
-        """Query nodes seen for the first time; forget nodes gone, and return those."""
-        online = set(transport.node_ids())
-        lost = [n for n in self.client_of if n not in online]
-        for node in lost:
-            client = self.client_of.pop(node)
-            if self.node_of.get(client) == node:
-                del self.node_of[client]
-            log.warning("node %d (client %d) went offline", node, client)
-        asked = set(self.queries.values())
-        for node in sorted(online - set(self.client_of) - asked - self.refused):
-            self.queries[transport.send(node, MSG_QUERY, {})] = node
-        return lost
-
     def forget(self, node: int) -> None:
-        """Drop a node the SuperLink no longer accepts messages for; a later refresh
+        """Drop a node (gone, or no longer accepted by the SuperLink); a later refresh
         registers it again if it is still listed online."""
         client = self.client_of.pop(node, None)
         if client is not None and self.node_of.get(client) == node:
             del self.node_of[client]
+
+    def forget_gone(self, online: set[int]) -> list[int]:
+        """Forget the nodes no longer online, and return them."""
+        lost = [n for n in self.client_of if n not in online]
+        for node in lost:
+            log.warning("node %d (client %d) went offline", node, self.client_of[node])
+            self.forget(node)
+        return lost
+
+
+@dataclass
+class NodeBook(ClientBook):
+    """fedstale's own ClientApps, each asked once which partition it serves."""
+
+    queries: dict[str, int] = field(default_factory=dict)
+    refused: set[int] = field(default_factory=set)
+
+    def refresh(self, transport: Transport) -> list[int]:
+        """Query nodes seen for the first time; forget nodes gone, and return those."""
+        online = set(transport.node_ids())
+        lost = self.forget_gone(online)
+        asked = set(self.queries.values())
+        for node in sorted(online - set(self.client_of) - asked - self.refused):
+            self.queries[transport.send(node, MSG_QUERY, {})] = node
+        return lost
 
     def collect(self, transport: Transport) -> None:
         if self.queries:
@@ -103,28 +114,17 @@ class NodeBook:
 
 
 @dataclass
-class NodesInOrder:
+class NodesInOrder(ClientBook):
     """Any Flower ClientApp's nodes, which cannot say which partition they serve: the nodes
     online take clients 0..num_clients-1 in the order they appear (by node id among those
     seen together), and a node that appears later takes the lowest client whose node left.
     Nodes beyond `num_clients` wait unused. `edge_of`: client -> edge, as the user maps it."""
 
-    num_clients: int
-    edge_of: dict[int, int] = field(default_factory=dict)
-    client_of: dict[int, int] = field(default_factory=dict)
-    node_of: dict[int, int] = field(default_factory=dict)
     spare: set[int] = field(default_factory=set)
-
-    @property
-    def clients(self) -> list[int]:
-        return sorted(self.node_of)
 
     def refresh(self, transport: Transport) -> list[int]:
         online = set(transport.node_ids())
-        lost = [n for n in self.client_of if n not in online]
-        for node in lost:
-            self.forget(node)
-            log.warning("node %d went offline", node)
+        lost = self.forget_gone(online)
         self.spare &= online
         for node in sorted(online - set(self.client_of)):
             free = [c for c in range(self.num_clients) if c not in self.node_of]
@@ -137,11 +137,6 @@ class NodesInOrder:
             self.client_of[node], self.node_of[free[0]] = free[0], node
             log.debug("node %d serves client %d", node, free[0])
         return lost
-
-    def forget(self, node: int) -> None:
-        client = self.client_of.pop(node, None)
-        if client is not None and self.node_of.get(client) == node:
-            del self.node_of[client]
 
     def collect(self, transport: Transport) -> None:
         """Nothing to collect: no node is asked anything."""
