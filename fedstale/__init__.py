@@ -24,7 +24,8 @@ EXPORTS = {
         for name in ("AsyncStrategy", "FedAvg", "FedAsync", "FedBuff", "CA2FL", "FedFa")
     },
     **{name: STRATEGIES for name in ("FedPSA", "SaflFedSGD", "SaflFedAvg", "HierFedAvg")},
-    "fedpsa_mod": MODS,
+    **{name: STRATEGIES for name in ("MAFSA",)},
+    **{name: MODS for name in ("fedpsa_mod", "mafsa_mod")},
 }
 __all__ = ["__version__", *EXPORTS]
 

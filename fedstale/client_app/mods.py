@@ -12,16 +12,27 @@ through untouched.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, Context, Message, MessageType, MetricRecord
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
-from fedstale.common.records import from_array_record
-from fedstale.common.schema import ARRAYS, CONFIG, METRICS, TaskKeys
+from fedstale.common.records import from_array_record, to_array_record
+from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, TaskKeys, set_key
 from fedstale.strategies.fedpsa import SensitivitySketch, sketch_signals
+from fedstale.strategies.mafsa import StaleTraining, stale_schedule
 
 
 def names_rule(msg: Message, rule: str) -> bool:
@@ -65,3 +76,48 @@ def fedpsa_mod(model_fn: Callable[[], torch.nn.Module], input_shape: Sequence[in
         return reply
 
     return mod
+
+
+def mafsa_mod() -> Mod:
+    """MAFSA's client half (Alg. 2): a client back from E_i offline rounds trains its last
+    local model (the task's "arrays.stale") E_i times more. After the user's train function
+    ran on the fresh model, the mod calls it again once per offline round, on a copy of the
+    message whose "arrays" is the stale model (then the previous round's result) and whose
+    config's "lr" (and "seed") is that round's (`stale_schedule`); the last result goes
+    into the reply as "arrays.stale". The train function must read its lr from
+    msg.content["config"]["lr"], as Flower's quickstart does."""
+
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        reply = call_next(msg, context)
+        if reply.has_error() or not names_rule(msg, StaleTraining.name):
+            return reply
+        config = dict(msg.content.config_records[CONFIG])
+        schedule = stale_schedule(config, int(config.get(TaskKeys.SEED, 0)))
+        stale_key = set_key(STALE)
+        if not schedule or stale_key not in msg.content.array_records:
+            return reply
+        stale = like(msg.content.array_records[stale_key], msg.content.array_records[ARRAYS])
+        for lr, seed in schedule:
+            offline = {**config, TaskKeys.LR: lr, TaskKeys.SEED: seed}
+            trained = call_next(with_content(msg, stale, offline), context)
+            if trained.has_error():
+                return trained
+            stale = trained.content.array_records[ARRAYS]
+        reply.content[stale_key] = stale
+        return reply
+
+    return mod
+
+
+def like(record: ArrayRecord, model: ArrayRecord) -> ArrayRecord:
+    """`record`'s arrays in `model`'s dtypes (the server sends extra sets in float32)."""
+    dtypes = {name: array.numpy().dtype for name, array in model.items()}
+    arrays = from_array_record(record)
+    return to_array_record({n: a.astype(dtypes.get(n, a.dtype)) for n, a in arrays.items()})
+
+
+def with_content(msg: Message, arrays: ArrayRecord, config: dict[str, Any]) -> Message:
+    """A copy of train message `msg` (same metadata, so a reply to it is well formed)
+    carrying `arrays` and `config` instead."""
+    content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
+    return Message(metadata=copy.copy(msg.metadata), content=content)

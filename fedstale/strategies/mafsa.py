@@ -11,6 +11,7 @@ against values worked by hand (tests/test_mafsa.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -41,32 +42,44 @@ def cloud_step(
 # ---------------------------------------------------------------- the client half
 
 
+def stale_schedule(extra: Mapping[str, Any], seed: int) -> list[tuple[float, int]]:
+    """(lr, seed) of each of the E_i offline rounds a returning client trains its stale
+    model through (Alg. 2): lr = mafsa-stale-lr * mafsa-lr-step^round, seed = the task's
+    seed + 1 + round; none for a task without offline rounds. StaleTraining and
+    fedstale.mafsa_mod both train by it."""
+    rounds = int(extra.get(RuleKeys.MAFSA_OFFLINE, 0))
+    if rounds <= 0:
+        return []
+    lr, step = float(extra[RuleKeys.MAFSA_STALE_LR]), float(extra[RuleKeys.MAFSA_LR_STEP])
+    return [(lr * step**offline_round, seed + 1 + offline_round) for offline_round in range(rounds)]
+
+
 class StaleTraining(ClientRule):
     """MAFSA (Alg. 2): a client back from E_i offline rounds does the offline work lazily:
     its last local model (the task's `stale` set) trains E_i local updates, each as long
-    as the fresh one, with the lr decaying per offline round, and goes back beside the
-    fresh model."""
+    as the fresh one, with the lr decaying per offline round (`stale_schedule`), and goes
+    back beside the fresh model."""
 
     name = "mafsa-stale-training"
+    mod = "add fedstale.mafsa_mod() to your ClientApp's mods"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
-        rounds = int(task.spec.extra.get(RuleKeys.MAFSA_OFFLINE, 0))
-        if rounds <= 0:
+        schedule = stale_schedule(task.spec.extra, task.spec.seed)
+        if not schedule:
             return
-        spec, extra = task.spec, task.spec.extra
+        spec = task.spec
         set_flat(task.model, task.inputs[STALE])
         device = next(task.model.parameters()).device
         x, y = (t.to(device) for t in client_data(task.cfg, task.partition, "train"))
-        lr, step = float(extra[RuleKeys.MAFSA_STALE_LR]), float(extra[RuleKeys.MAFSA_LR_STEP])
-        for offline_round in range(rounds):
+        for lr, seed in schedule:
             local_train(
                 task.model,
                 x,
                 y,
                 epochs=spec.local_epochs,
                 batch_size=spec.batch_size,
-                lr=lr * step**offline_round,
-                seed=spec.seed + 1 + offline_round,
+                lr=lr,
+                seed=seed,
                 closed_form=task.cfg.trainer == "auto",
                 optimiser=Optimiser(
                     spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip

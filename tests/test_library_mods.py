@@ -1,0 +1,191 @@
+"""The client halves of MAFSA and FedQS as Flower mods (fedstale.mafsa_mod,
+fedstale.fedqs_mod): what they add passes the server's own checks, their numbers are the
+built-in client halves', other messages pass through, and the quickstart example runs
+under each rule with its mod in Flower simulation."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Context, Message, MessageType, RecordDict
+
+import fedstale
+from fedstale.client_app.task import client_model, train_task
+from fedstale.common.config import RunConfig
+from fedstale.common.federation import client_data
+from fedstale.common.records import from_array_record, message_content
+from fedstale.common.schema import STALE, RuleKeys, TaskSpec, set_key
+from fedstale.common.threads import limited
+from fedstale.common.training import local_train
+from fedstale.server_app.contract import FlowerContract, MissingSignal
+from fedstale.server_app.flower_strategy import AsyncStrategy
+from fedstale.server_app.transport import Reply
+from fedstale.strategies.registry import STRATEGIES
+from tests.helpers import run_config
+from tests.test_library import (  # noqa: F401 (fixtures)
+    DTYPES,
+    LAYOUT,
+    QUICKSTART,
+    flwr_run,
+    in_a_clientapp,
+    link_in,
+    names_untouched,
+    new_run,
+    task,
+)
+
+Train = Callable[[Message, Context], Message]
+CONTEXT = Context(0, 0, {}, None, {})  # type: ignore[arg-type]
+
+
+def train_message(
+    rules: tuple[str, ...], extra: dict[str, Any], arrays: dict, sets: dict | None = None
+) -> Message:
+    spec = TaskSpec(7, 0, 0.05, 1, 8, 11, local_steps=3, rules=rules, extra=extra)
+    content = message_content(spec.to_config(), arrays, sets)
+    return Message(content, dst_node_id=1, message_type=MessageType.TRAIN)
+
+
+def reply_of(message: Message, arrays: dict[str, np.ndarray], **metrics: Any) -> Message:
+    content = message_content(None, arrays, metrics={"num-examples": 20, **metrics})
+    return Message(content, reply_to=message)
+
+
+def minus_lr(message: Message, context: Context) -> Message:
+    """A deterministic train function: every array moves by -lr (the config's)."""
+    lr = float(message.content["config"]["lr"])
+    arrays = from_array_record(message.content["arrays"])
+    return reply_of(message, {k: (v - lr).astype(v.dtype) for k, v in arrays.items()})
+
+
+def as_reply(message: Message) -> Reply:
+    sets = {
+        key.split(".", 1)[1]: from_array_record(record)
+        for key, record in message.content.array_records.items()
+        if key.startswith("arrays.")
+    }
+    return Reply(
+        "m0",
+        metrics=dict(message.content["metrics"]),
+        arrays=from_array_record(message.content["arrays"]),
+        sets=sets,
+    )
+
+
+# ---------------------------------------------------------------- MAFSA
+
+
+MAFSA_EXTRA = {RuleKeys.MAFSA_OFFLINE: 2, RuleKeys.MAFSA_STALE_LR: 0.2, RuleKeys.MAFSA_LR_STEP: 0.5}
+
+
+def mafsa_rule() -> Any:
+    run = run_config(strategy="mafsa", num_clients=3, concurrency=3, mafsa_edges=1)
+    return STRATEGIES["mafsa"](run, STRATEGIES["mafsa"].Params(), np.zeros(5, np.float32))
+
+
+def lab_arrays(w: float) -> dict[str, np.ndarray]:
+    return {"w": np.full((2, 2), w, np.float32), "steps": np.array([3], np.int64)}
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_the_mafsa_mod_trains_the_stale_model_through_the_offline_rounds() -> None:
+    """Fresh model trained once; the stale one twice more, at lr 0.2 then 0.1; the reply
+    passes MAFSA's checks with the stale set beside the model."""
+    rule = mafsa_rule()
+    msg = train_message(
+        (rule.client_rules[0].name,), MAFSA_EXTRA, lab_arrays(1.0), {STALE: lab_arrays(2.0)}
+    )
+    reply = fedstale.mafsa_mod()(msg, CONTEXT, minus_lr)
+    contract = FlowerContract({}, DTYPES)
+    contract.sent(7, LAYOUT.flatten(lab_arrays(1.0)))
+    sent = task(7)
+    sent.sets = (STALE,)
+    update = contract.update(sent, as_reply(reply), rule, LAYOUT, 0, 0, set())
+    np.testing.assert_allclose(update.vector[:4], 0.95, rtol=1e-6)  # the model
+    np.testing.assert_allclose(update.sets[STALE][:4], 2.0 - 0.2 - 0.1, rtol=1e-6)
+    assert reply.content[set_key(STALE)]["steps"].numpy().dtype == np.int64
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_without_the_mod_a_returning_clients_reply_names_it() -> None:
+    rule = mafsa_rule()
+    msg = train_message(
+        (rule.client_rules[0].name,), MAFSA_EXTRA, lab_arrays(1.0), {STALE: lab_arrays(2.0)}
+    )
+    contract = FlowerContract({}, DTYPES, {r.name: r.mod for r in rule.client_rules})
+    contract.sent(7, LAYOUT.flatten(lab_arrays(1.0)))
+    sent = task(7)
+    sent.sets = (STALE,)
+    with pytest.raises(MissingSignal, match=r"add fedstale.mafsa_mod\(\) to your ClientApp"):
+        contract.update(sent, as_reply(minus_lr(msg, CONTEXT)), rule, LAYOUT, 0, 0, set())
+
+
+def fedstale_local_training(cfg: RunConfig, partition: int) -> Train:
+    """A user's train function that trains as fedstale's own ClientApp does."""
+
+    def train(message: Message, context: Context) -> Message:
+        config = message.content["config"]
+        model, _ = client_model(cfg)
+        model.load_state_dict(message.content["arrays"].to_torch_state_dict())
+        x, y = client_data(cfg, partition, "train")
+        local_train(
+            model,
+            x,
+            y,
+            epochs=int(config["local-epochs"]),
+            batch_size=int(config["batch-size"]),
+            lr=float(config["lr"]),
+            seed=int(config["seed"]),
+            steps=int(config["local-steps"]),
+        )
+        trained = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+        return reply_of(message, trained)
+
+    return train
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_the_mafsa_mod_trains_the_same_stale_model_as_the_built_in_half() -> None:
+    cfg = run_config(dataset="digits", model="mlp", num_clients=4, strategy="mafsa")
+    model, layout = client_model(cfg)
+    start = {k: v.numpy().copy() for k, v in model.state_dict().items()}
+    stale = {k: v + 0.01 for k, v in start.items()}
+    msg = train_message(("mafsa-stale-training",), MAFSA_EXTRA, start, {STALE: stale})
+    config = dict(msg.content["config"])
+    with limited(cfg.client_threads):
+        _, _, built_in = train_task(cfg, 1, config, start, {STALE: stale})
+        reply = fedstale.mafsa_mod()(msg, CONTEXT, fedstale_local_training(cfg, 1))
+    ours = from_array_record(reply.content[set_key(STALE)])
+    np.testing.assert_array_equal(layout.flatten(ours), layout.flatten(built_in[STALE]))
+    assert not np.allclose(layout.flatten(ours), layout.flatten(stale))
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_the_mafsa_mod_lets_other_messages_and_tasks_through() -> None:
+    mod = fedstale.mafsa_mod()
+    evaluate = Message(RecordDict(), dst_node_id=1, message_type=MessageType.EVALUATE)
+    assert names_untouched(mod, evaluate)
+    for rules, extra in [((), MAFSA_EXTRA), (("mafsa-stale-training",), {})]:
+        sets = {STALE: lab_arrays(2.0)} if extra else None
+        calls, counted = counting(minus_lr)
+        reply = mod(train_message(rules, extra, lab_arrays(1.0), sets), CONTEXT, counted)
+        assert len(calls) == 1
+        assert set_key(STALE) not in reply.content.array_records
+
+
+def counting(train: Train) -> tuple[list[Message], Train]:
+    calls: list[Message] = []
+
+    def counted(message: Message, context: Context) -> Message:
+        calls.append(message)
+        return train(message, context)
+
+    return calls, counted
+
+
+def test_mafsa_is_a_library_strategy_training_every_client_at_once() -> None:
+    made = fedstale.MAFSA(num_clients=4, mafsa_edges=2, dropout_rate=0.3)
+    assert isinstance(made, AsyncStrategy) and made.rule == "mafsa" and made.all_at_once
