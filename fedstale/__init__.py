@@ -24,8 +24,8 @@ EXPORTS = {
         for name in ("AsyncStrategy", "FedAvg", "FedAsync", "FedBuff", "CA2FL", "FedFa")
     },
     **{name: STRATEGIES for name in ("FedPSA", "SaflFedSGD", "SaflFedAvg", "HierFedAvg")},
-    **{name: STRATEGIES for name in ("MAFSA",)},
-    **{name: MODS for name in ("fedpsa_mod", "mafsa_mod")},
+    **{name: STRATEGIES for name in ("MAFSA", "FedQSSGD", "FedQSAvg")},
+    **{name: MODS for name in ("fedpsa_mod", "mafsa_mod", "fedqs_mod")},
 }
 __all__ = ["__version__", *EXPORTS]
 

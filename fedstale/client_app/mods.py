@@ -1,13 +1,16 @@
 """Client halves of fedstale's rules for any Flower ClientApp, as Flower mods.
 
-A rule that needs a signal from the client (FedPSA's sketch) gets it from a mod the user
-adds in one line, given their model factory where the signal is computed on the model:
+A rule that needs something from the client gets it from a mod the user adds in one
+line, given their model factory (and data) where the signal is computed on the model:
 
     app = ClientApp(mods=[fedstale.fedpsa_mod(Net, input_shape=(1, 28, 28))])
+    app = ClientApp(mods=[fedstale.fedqs_mod(Net, data_fn)])  # data_fn(context) -> (x, y)
+    app = ClientApp(mods=[fedstale.mafsa_mod()])
 
-The mod lets the user's train function run unchanged and adds the signal to its reply
-when the task names the rule (the task config's `client-rules`); other messages pass
-through untouched.
+The mod lets the user's train function run unchanged (MAFSA's calls it again on the stale
+model; FedQS's sets the config's momentum before it) and adds the signal to its reply when
+the task names the rule (the task config's `client-rules`); other messages pass through
+untouched.
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from flwr.app import (
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from fedstale.common.records import from_array_record, to_array_record
-from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, TaskKeys, set_key
+from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, RuleKeys, TaskKeys, set_key
 from fedstale.strategies.fedpsa import SensitivitySketch, sketch_signals
+from fedstale.strategies.fedqs import ClassSpread, class_spread, spread_signals
 from fedstale.strategies.mafsa import StaleTraining, stale_schedule
 
 
@@ -69,10 +73,7 @@ def fedpsa_mod(model_fn: Callable[[], torch.nn.Module], input_shape: Sequence[in
         names = list(trained)
         delta = flat(trained, names) - flat(msg.content.array_records[ARRAYS], names)
         config = msg.content.config_records[CONFIG]
-        signals = sketch_signals(model, dict(config), shape, num_classes, delta)
-        metrics = reply.content.metric_records.get(METRICS, MetricRecord())
-        metrics.update(signals)
-        reply.content.metric_records[METRICS] = metrics
+        add_metrics(reply, sketch_signals(model, dict(config), shape, num_classes, delta))
         return reply
 
     return mod
@@ -121,3 +122,43 @@ def with_content(msg: Message, arrays: ArrayRecord, config: dict[str, Any]) -> M
     carrying `arrays` and `config` instead."""
     content = RecordDict({ARRAYS: arrays, CONFIG: ConfigRecord(config)})
     return Message(metadata=copy.copy(msg.metadata), content=content)
+
+
+DataFn = Callable[[Context], tuple[torch.Tensor, torch.Tensor]]
+
+
+def fedqs_mod(model_fn: Callable[[], torch.nn.Module], data_fn: DataFn) -> Mod:
+    """FedQS's client half: before the user's train function, a slow, misaligned (SBC)
+    task measures the received model's per-class accuracy spread on the node's training
+    data, `data_fn(context) -> (x, y)`, in `model_fn()`'s model; a wide spread turns
+    momentum off (else fedqs-m0). The chosen momentum goes into the config's "momentum"
+    (a train function that ignores it trains without momentum, and the server is told
+    the value set), and the reply's MetricRecord gets the flag, momentum and spread."""
+    model = model_fn()
+
+    def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
+        if not names_rule(msg, ClassSpread.name):
+            return call_next(msg, context)
+        config = msg.content.config_records[CONFIG]
+
+        def spread() -> float:
+            model.load_state_dict(msg.content.array_records[ARRAYS].to_torch_state_dict())
+            x, y = data_fn(context)
+            return class_spread(model, x, y.cpu())
+
+        momentum = config.get(TaskKeys.MOMENTUM, 0.0)
+        as_set = float(momentum) if isinstance(momentum, int | float) else 0.0
+        signals = spread_signals(dict(config), as_set, spread)
+        config[TaskKeys.MOMENTUM] = signals[RuleKeys.FEDQS_MOMENTUM]
+        reply = call_next(msg, context)
+        if not reply.has_error():
+            add_metrics(reply, signals)
+        return reply
+
+    return mod
+
+
+def add_metrics(reply: Message, signals: dict[str, Any]) -> None:
+    metrics = reply.content.metric_records.get(METRICS, MetricRecord())
+    metrics.update(signals)
+    reply.content.metric_records[METRICS] = metrics

@@ -490,6 +490,21 @@ class MAFSA(AsyncStrategy):
     all_at_once = True
 
 
+class FedQSSGD(AsyncStrategy):
+    """FedQS-SGD (NeurIPS 2025): a K-FIFO whose clients are classified at dispatch (fast
+    or slow, aligned or not) and get their own lr and momentum; flagged updates weighted
+    up, w += sum p_i delta_i with p_i from the replies' num-examples. Needs
+    fedstale.fedqs_mod(model_fn, data_fn) in the ClientApp."""
+
+    rule = "fedqs-sgd"
+
+
+class FedQSAvg(AsyncStrategy):
+    """FedQS-Avg: as FedQSSGD, clients' models averaged, w = sum p_i w_i."""
+
+    rule = "fedqs-avg"
+
+
 LIBRARY = (
     FedAvg,
     FedAsync,
@@ -501,4 +516,6 @@ LIBRARY = (
     SaflFedAvg,
     HierFedAvg,
     MAFSA,
+    FedQSSGD,
+    FedQSAvg,
 )

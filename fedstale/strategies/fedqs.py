@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Literal
 
@@ -221,6 +221,46 @@ class SaflFedAvg(SaflFedSGD):
 # ---------------------------------------------------------------- the client half
 
 
+SAMPLES_PER_CLASS = 20  # the spread looks at up to this many samples of each class
+FEW = 10  # a class with fewer samples counts half
+
+
+def class_spread(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    """max - min, in points, of `model`'s per-class accuracy on up to 20 samples of each
+    class in (x, y) (halved for a class with fewer than 10)."""
+    device = next(model.parameters()).device
+    accuracies = []
+    model.eval()
+    with torch.no_grad():
+        for label in torch.unique(y):
+            rows = torch.nonzero(y == label).flatten()
+            picked = rows[:SAMPLES_PER_CLASS]
+            guess = model(x[picked].to(device)).argmax(dim=1).cpu()
+            accuracy = float((guess == label).float().mean())
+            accuracies.append(accuracy / 2 if len(rows) < FEW else accuracy)
+    return 100.0 * (max(accuracies) - min(accuracies))
+
+
+def spread_signals(
+    entries: Mapping[str, Any], momentum: float, spread: Callable[[], float]
+) -> dict[str, float]:
+    """FedQS's client half for one task, before training: the reply's flag, spread and
+    the momentum to train with. `entries`: the task's FedQS entries; `momentum`: the
+    task's; `spread()`: the received model's class spread, measured for an SBC task only
+    (a wide one turns momentum off and raises the flag). ClassSpread and
+    fedstale.fedqs_mod both use it."""
+    kind = str(entries.get(RuleKeys.FEDQS_TYPE, ""))
+    signals = {RuleKeys.FEDQS_FLAG: 1.0 if kind == FBC else 0.0, RuleKeys.FEDQS_SPREAD: -1.0}
+    if kind == SBC:
+        measured = spread()
+        wide = measured >= float(entries[RuleKeys.FEDQS_SPREAD_LIMIT])
+        momentum = 0.0 if wide else float(entries[RuleKeys.FEDQS_M0])
+        signals[RuleKeys.FEDQS_FLAG] = float(wide)
+        signals[RuleKeys.FEDQS_SPREAD] = measured
+    signals[RuleKeys.FEDQS_MOMENTUM] = float(momentum)
+    return signals
+
+
 class ClassSpread(ClientRule):
     """FedQS: a slow, misaligned client (SBC) measures the received model's per-class
     accuracy spread on its own training data before it trains; a wide spread turns its
@@ -228,38 +268,16 @@ class ClassSpread(ClientRule):
     the momentum it trained with and the spread (-1 where it was not asked for)."""
 
     name = "fedqs-class-spread"
-
-    SAMPLES_PER_CLASS = 20
-    FEW = 10  # a class with fewer samples counts half
+    mod = "add fedstale.fedqs_mod(model_fn, data_fn) to your ClientApp's mods"
 
     def before(self, task: LocalTask) -> None:
-        kind = str(task.spec.extra.get(RuleKeys.FEDQS_TYPE, ""))
-        task.signals[RuleKeys.FEDQS_FLAG] = 1.0 if kind == "FBC" else 0.0
-        task.signals[RuleKeys.FEDQS_SPREAD] = -1.0
-        if kind == "SBC":
-            spread = self.spread(task)
-            wide = spread >= float(task.spec.extra[RuleKeys.FEDQS_SPREAD_LIMIT])
-            momentum = 0.0 if wide else float(task.spec.extra[RuleKeys.FEDQS_M0])
-            task.spec = replace(task.spec, momentum=momentum)
-            task.signals[RuleKeys.FEDQS_FLAG] = float(wide)
-            task.signals[RuleKeys.FEDQS_SPREAD] = spread
-        task.signals[RuleKeys.FEDQS_MOMENTUM] = float(task.spec.momentum)
+        def spread() -> float:
+            x, y = client_data(task.cfg, task.partition, "train")
+            return class_spread(task.model, x, y)
 
-    def spread(self, task: LocalTask) -> float:
-        """max - min, in points, of the per-class accuracy on up to 20 samples of each class
-        the client holds (halved for a class with fewer than 10)."""
-        x, y = client_data(task.cfg, task.partition, "train")
-        device = next(task.model.parameters()).device
-        accuracies = []
-        task.model.eval()
-        with torch.no_grad():
-            for label in torch.unique(y):
-                rows = torch.nonzero(y == label).flatten()
-                picked = rows[: self.SAMPLES_PER_CLASS]
-                guess = task.model(x[picked].to(device)).argmax(dim=1).cpu()
-                accuracy = float((guess == label).float().mean())
-                accuracies.append(accuracy / 2 if len(rows) < self.FEW else accuracy)
-        return 100.0 * (max(accuracies) - min(accuracies))
+        signals = spread_signals(task.spec.extra, task.spec.momentum, spread)
+        task.spec = replace(task.spec, momentum=signals[RuleKeys.FEDQS_MOMENTUM])
+        task.signals.update(signals)
 
 
 # ---------------------------------------------------------------- the server half
