@@ -32,6 +32,7 @@ from flwr.app import (
 )
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
+from fedstale.common.models import output_width
 from fedstale.common.records import from_array_record, to_array_record
 from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, RuleKeys, TaskKeys, set_key
 from fedstale.strategies.fedpsa import SensitivitySketch, sketch_signals
@@ -60,9 +61,8 @@ def fedpsa_mod(model_fn: Callable[[], torch.nn.Module], input_shape: Sequence[in
     are loaded into it); `input_shape` is one sample's shape (the calibration batch's)."""
     shape = tuple(int(d) for d in input_shape)
     model = model_fn()
-    with torch.no_grad():
-        model.eval()
-        num_classes = int(model(torch.zeros(1, *shape)).shape[-1])
+    model.eval()  # the mode its sketches are taken in
+    num_classes = output_width(model, shape)
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         reply = call_next(msg, context)

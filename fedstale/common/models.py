@@ -189,6 +189,17 @@ class ParamLayout:
         }
 
 
+def output_width(model: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """The size of `model`'s last output dimension (its classes) for one zero sample of
+    `input_shape`, in eval mode (a batch of one); the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        width = int(model(torch.zeros(1, *input_shape)).shape[-1])
+    model.train(was_training)
+    return width
+
+
 def get_flat(model: nn.Module) -> np.ndarray:
     return torch.cat(
         [t.detach().reshape(-1).float().cpu() for t in model.state_dict().values()]

@@ -31,7 +31,7 @@ from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 from fedstale.common.config import FIX_HINT, ConfigError, KebabModel, RunConfig
 from fedstale.common.latency import profile_for
-from fedstale.common.models import ParamLayout
+from fedstale.common.models import ParamLayout, output_width
 from fedstale.common.records import from_array_record, to_array_record
 from fedstale.common.sensitivity import global_sketcher
 from fedstale.server_app import checkpoint
@@ -281,8 +281,7 @@ class AsyncStrategy(FlowerStrategy):
                     "input_shape=<one sample's shape>)"
                 )
             model = self.model_fn()
-            with torch.no_grad():
-                num_classes = int(model(torch.zeros(1, *self.input_shape)).shape[-1])
+            num_classes = output_width(model, self.input_shape)
             return global_sketcher(model, self.input_shape, num_classes)(settings, batch)
 
         def no_aligner() -> Any:
