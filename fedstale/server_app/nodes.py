@@ -110,7 +110,7 @@ class NodeBook(ClientBook):
         edge = reply.metrics.get(ReplyKeys.EDGE_ID)
         if isinstance(edge, int):
             self.edge_of[client] = edge
-        log.debug("node %d serves client %d", node, client)
+        log.info("node %d serves client %d", node, client)
 
 
 @dataclass
@@ -135,7 +135,7 @@ class NodesInOrder(ClientBook):
                 continue
             self.spare.discard(node)
             self.client_of[node], self.node_of[free[0]] = free[0], node
-            log.debug("node %d serves client %d", node, free[0])
+            log.info("node %d serves client %d", node, free[0])
         return lost
 
     def collect(self, transport: Transport) -> None:
