@@ -3,7 +3,8 @@
 # on either. Flower's images keep Python in a virtualenv at /python/venv on PATH, run as the
 # user `app` (uid 49999, home and working directory /app) and start `flower-<role>`.
 #   podman build -f docker/standin.Dockerfile --build-arg ROLE=superlink \
-#       --build-arg BASE=localhost/fedstale-base:bookworm -t localhost/flwr-standin/superlink:1.41.0 .
+#       --build-arg BASE=<a Debian bookworm image> -t <prefix>/superlink:1.41.0 <empty dir>
+# then build docker/Dockerfile with --build-arg FLOWER_IMAGES=<prefix>
 ARG BASE=debian:bookworm-slim
 FROM ${BASE}
 ARG FLWR_VERSION=1.41.0

@@ -59,15 +59,25 @@ def test_compose_flags_are_flowers_and_the_launchers(tmp_path: Path, secure: boo
     assert services["superlink"]["build"]["args"]["ROLE"] == "superlink"
 
 
-def test_dockerfile_builds_on_the_official_images_and_state_persists() -> None:
+def test_dockerfile_builds_on_the_official_images_by_default_and_state_persists() -> None:
     dockerfile = (DOCKER / "Dockerfile").read_text()
-    assert re.search(r"^FROM flwr/\$\{ROLE\}:\$\{FLWR_VERSION\}$", dockerfile, re.M)
-    assert "ARG FLWR_VERSION=1.41.0" in dockerfile
-    assert "torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in dockerfile
+    assert re.search(r"^FROM \$\{FLOWER_IMAGES\}/\$\{ROLE\}:\$\{FLWR_VERSION\}$", dockerfile, re.M)
+    for default in ("FLWR_VERSION=1.41.0", "FLOWER_IMAGES=flwr", "TORCH=torch==2.13.0"):
+        assert f"ARG {default}\n" in dockerfile, default
+    assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu\n" in dockerfile
     compose = load("compose.yml")
     assert "superlink-state" in compose["volumes"]
     assert "superlink-state:/app/state" in compose["services"]["superlink"]["volumes"]
     assert "/app/state/state.db" in compose["services"]["superlink"]["command"]
+
+
+def test_nothing_in_the_docker_files_refers_to_this_machine() -> None:
+    """The stand-in images, local wheels and mirrors are the tests' build arguments only."""
+    for path in DOCKER.iterdir():
+        if path.suffix in {".yml", ".Dockerfile"} or path.name == "Dockerfile":
+            text = path.read_text()
+            for local in ("/opt/", "/work", "/tmp/", "localhost/", "flwr-standin", "/etc/pip"):
+                assert local not in text, f"{path.name} names {local!r}"
 
 
 def test_the_image_copies_every_package_the_wheel_installs() -> None:
