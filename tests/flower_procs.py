@@ -4,6 +4,7 @@ launcher's LocalDeployment without SuperNodes (the simulation runs the ClientApp
 from __future__ import annotations
 
 import subprocess
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment
@@ -12,12 +13,24 @@ from fedstale.launcher.launch import tool
 __all__ = ["CONNECTION", "SimulationSuperLink"]
 
 
+@dataclass
+class _Deployment(LocalDeployment):
+    """A LocalDeployment whose processes get `extra` in their environment too."""
+
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**super().env, **self.extra}
+
+
 class SimulationSuperLink:
     """`flower-superlink --simulation` plus a FLWR_HOME whose config names it. Flower 1.41
-    serves the Runtime, Control and Fleet APIs on one HTTP port."""
+    serves the Runtime, Control and Fleet APIs on one HTTP port. `environment` goes to the
+    SuperLink (its SuperExec and simulation inherit it) and to `fedstale run`."""
 
-    def __init__(self, home: Path) -> None:
-        self.link = LocalDeployment(home, 0, simulation=True)
+    def __init__(self, home: Path, **environment: str) -> None:
+        self.link = _Deployment(home, 0, simulation=True, extra=environment)
 
     @property
     def env(self) -> dict[str, str]:

@@ -15,10 +15,13 @@ simulation is up. `fedstale run` validates the fused config first (one line and 
 problem), sizes the federation to `num-clients`, sends results to `<app>/runs/` (`./runs/`
 outside a checkout, where the app installed with the package runs) and exits non-zero
 unless the run wrote its summary. On Flower's `local` connection it starts the local
-SuperLink itself and stops it afterwards (fedstale/launcher/local_link.py). `--local` runs the same
-engine and client code in this process, the clients' tasks on `--workers` cores; on the
-virtual clock its results equal Flower simulation's for the same seed. String values need no
-quotes here (`strategy=fedasync` works; Flower itself wants `strategy='fedasync'`).
+SuperLink itself and stops it afterwards (fedstale/launcher/local_link.py). A RAY_ADDRESS in
+the environment is checked first and reaches the simulation through that SuperLink: the
+simulation then joins that running Ray cluster (fedstale/launcher/ray_cluster.py). `--local`
+runs the same engine and client code in this process, the clients' tasks on `--workers`
+cores; on the virtual clock its results equal Flower simulation's for the same seed. String
+values need no quotes here (`strategy=fedasync` works; Flower itself wants
+`strategy='fedasync'`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from fedstale.launcher.launch import (
     tool,
 )
 from fedstale.launcher.local_link import owned_local_superlink
+from fedstale.launcher.ray_cluster import RAY_ADDRESS, ray_cluster
 from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
@@ -95,14 +99,29 @@ def preflight(
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
     run, _, overrides = preflight(app, pairs, federation)
+    cluster = ray_cluster(os.environ, federation_options(federation))
     run_dir = runs_root(run.runs_dir) / run.run_name
     with flower_app(app) as target:
         command = flower_command(target, overrides, federation, run, superlink)
         print("fedstale: " + shlex.join(command), file=sys.stderr)
         started = time.time()
-        with owned_local_superlink(superlink):
+        with owned_local_superlink(superlink) as own:
+            if cluster is not None:
+                print(cluster_note(cluster, own is not None), file=sys.stderr)
             died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
     return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
+
+
+def cluster_note(address: str, own_superlink: bool) -> str:
+    """What becomes of RAY_ADDRESS: the simulation process inherits the SuperLink's
+    environment, so it reaches only a SuperLink started with it."""
+    if own_superlink:
+        return f"fedstale: the simulation joins the Ray cluster at {address} ({RAY_ADDRESS})"
+    return (
+        f"fedstale: {RAY_ADDRESS}={address} reaches the simulation only through the "
+        "SuperLink's environment; this SuperLink was not started by fedstale run, so it "
+        f"uses the {RAY_ADDRESS} it was started with"
+    )
 
 
 def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
@@ -296,6 +315,7 @@ def command(argv: list[str]) -> int:
             pairs["overwrite"] = True
         if name == "check":
             run, _, _ = preflight(app, pairs, args.federation_config)
+            ray_cluster(os.environ, federation_options(args.federation_config))
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
         if local:
