@@ -196,9 +196,10 @@ class Compose:
     name: str
     files: list[str]
     env: dict[str, str]
+    folder: Path = DOCKER  # where the files are
 
     def command(self, *args: str) -> list[str]:
-        files = [flag for name in self.files for flag in ("-f", str(DOCKER / name))]
+        files = [flag for name in self.files for flag in ("-f", str(self.folder / name))]
         return [*self.runtime.compose, "-p", self.name, *files, *args]
 
     def __call__(self, *args: str, timeout: float = 300) -> str:

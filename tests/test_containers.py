@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -18,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from fedstale.launcher.deploy import TlsFiles, make_keys
+from fedstale.launcher.deploy import TlsFiles, free_port, make_keys
 from fedstale.launcher.launch import flower_env, tool
 from fedstale.server_app.results import read_jsonl
 from tests import containers
 from tests.containers import Compose, Runtime
 
 pytestmark = pytest.mark.integration
-ROOT = containers.ROOT
+ROOT, DOCKER = containers.ROOT, containers.DOCKER
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # Fashion-MNIST from the SuperNodes' data mount, the linear model, short local work.
 RUN = (
@@ -71,30 +73,42 @@ def container_user(runtime: Runtime) -> int:
     return CONTAINER_UID if os.geteuid() == 0 else os.getuid()
 
 
+def workspace(root: Path, port: int) -> Path:
+    """A checkout as the README's commands expect it (its app, docker/, .venv), with the
+    demo's connection on the test's port."""
+    root.mkdir()
+    (root / ".venv").symlink_to(Path(sys.prefix))
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, root)
+    shutil.copytree(
+        ROOT / "fedstale", root / "fedstale", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    shutil.copytree(DOCKER, root / "docker", ignore=shutil.ignore_patterns("*.sh"))
+    config = root / "docker" / "flwr-home" / "config.toml"
+    config.write_text(config.read_text().replace("127.0.0.1:8000", f"127.0.0.1:{port}"))
+    return root
+
+
 @pytest.fixture
 def project(runtime: Runtime, images: dict[str, int], tmp_path: Path) -> Iterator[Compose]:
-    """A compose project of docker/compose.yml; `env` is what the README exports. Torn down
-    by label at the end, and nothing of it may be left."""
+    """A compose project of docker/compose.yml in a checkout-like workspace; `env` holds what
+    the README exports (the container user: see container_user). Torn down by label at the
+    end, and nothing of it may be left."""
+    assert FMNIST.is_dir(), f"no {FMNIST}: the SuperNodes' data mount needs it (make data)"
+    port = free_port()
+    work = workspace(tmp_path / "work", port)
     uid = container_user(runtime)
-    runs = owned(tmp_path / "runs", uid) if uid else tmp_path / "runs"
+    runs = owned(work / "runs", uid) if uid else work / "runs"
     runs.mkdir(exist_ok=True)
-    port = containers_port()
     env = {
         "FEDSTALE_RUNS": str(runs),
         "FEDSTALE_UID": str(uid),
         "FEDSTALE_GID": str(uid),
         "FEDSTALE_PORT": str(port),
         "FEDSTALE_DATA": str(FMNIST.parent),
-        "FLOWER_IMAGES": containers.STANDIN,
     }
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    (home / "config.toml").write_text(
-        '[superlink]\ndefault = "docker-local"\n\n'
-        f'[superlink.docker-local]\naddress = "127.0.0.1:{port}"\ninsecure = true\n'
-    )
-    compose = Compose(runtime, f"fedstale-test-{uuid.uuid4().hex[:8]}", ["compose.yml"], env)
-    compose.home, compose.runs = home, runs  # type: ignore[attr-defined]
+    name = f"fedstale-test-{uuid.uuid4().hex[:8]}"
+    compose = Compose(runtime, name, ["compose.yml"], env, folder=work / "docker")
     try:
         yield compose
     finally:
@@ -102,25 +116,60 @@ def project(runtime: Runtime, images: dict[str, int], tmp_path: Path) -> Iterato
         assert not compose.leftovers(), compose.leftovers()
 
 
-def containers_port() -> int:
-    from fedstale.launcher.deploy import free_port
+def readme_compose_lines() -> list[str]:
+    """The README's docker-compose block, one command a line."""
+    section = (ROOT / "README.md").read_text().split("### docker-compose", 1)[1]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line for line in block.replace("\\\n", " ").splitlines() if line.strip()]
 
-    return free_port()
+
+# `docker compose` as the README writes it, on the tests' runtime and project; --build
+# dropped (the images are built, from local stand-ins, by the `images` fixture).
+DOCKER_SHIM = """docker() {
+  if [ "$1" != compose ]; then command docker "$@"; return; fi
+  shift; local args=(); for a in "$@"; do [ "$a" = --build ] || args+=("$a"); done
+  $FEDSTALE_TEST_COMPOSE -p "$FEDSTALE_TEST_PROJECT" "${args[@]}"
+}
+"""
+
+
+def shell(compose: Compose, line: str, background: Path | None = None) -> subprocess.Popen:
+    """One README line in bash in the workspace, with the exports of the lines before it
+    (kept in state.sh); in the background with its output to `background`."""
+    work = compose.folder.parent
+    state = work / "state.sh"
+    state.touch()
+    script = f"source {state}\n{DOCKER_SHIM}{line}\n"
+    script += "" if background else f"status=$?; export -p > {state}; exit $status\n"
+    env = {**compose.runtime.env, **compose.env, "FEDSTALE_TEST_PROJECT": compose.name}
+    env |= {"FEDSTALE_TEST_COMPOSE": " ".join(compose.runtime.compose)}
+    env |= {"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1"}
+    out = open(background, "w") if background else subprocess.PIPE  # noqa: SIM115
+    return subprocess.Popen(
+        ["bash", "-c", script], cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT, text=True
+    )
+
+
+def run_line(compose: Compose, line: str, timeout: float = 300) -> str:
+    process = shell(compose, line)
+    output = process.communicate(timeout=timeout)[0]
+    assert process.returncode == 0, f"{line}\n{output[-3000:]}"
+    return output
 
 
 def fedstale_run(compose: Compose, connection: str, name: str, config: str) -> subprocess.Popen:
-    runs = compose.runs  # type: ignore[attr-defined]
+    runs = Path(compose.env["FEDSTALE_RUNS"])
     command = [tool("fedstale"), "run", "--app", str(ROOT), "--superlink", connection]
     command += ["--run-config", f"{RUN} {config} run-name={name} runs-dir={runs}"]
     log = open(runs.parent / f"{name}.log", "w")  # noqa: SIM115 (closed with the process)
-    env = flower_env(FLWR_HOME=str(compose.home))  # type: ignore[attr-defined]
+    env = flower_env(FLWR_HOME=str(compose.folder / "flwr-home"))
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
 
 
 def listed_runs(compose: Compose, connection: str, timeout: float = 90) -> list[dict]:
     """`flwr ls` of the SuperLink, retried while its container starts to listen."""
     command = [tool("flwr"), "ls", connection, "--format", "json"]
-    env = flower_env(FLWR_HOME=str(compose.home))  # type: ignore[attr-defined]
+    env = flower_env(FLWR_HOME=str(compose.folder / "flwr-home"))
     deadline = time.monotonic() + timeout
     while True:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
@@ -153,62 +202,67 @@ def node_ids(compose: Compose) -> dict[int, int]:
     return found
 
 
-def test_compose_demo_runs_survives_a_killed_node_and_keeps_its_state(
+def test_the_readme_compose_block_runs_survives_a_killed_node_and_keeps_state(
     runtime: Runtime, project: Compose
 ) -> None:
+    """Each line of the README's block, as written, in order; the run line (in the
+    background, the test's budget appended) gets one SuperNode container killed mid-run."""
+    lines = readme_compose_lines()
+    assert len(lines) == 5 and lines[0].startswith("export "), lines
+    runs = Path(project.env["FEDSTALE_RUNS"])
+    updates, log = runs / "demo" / "updates.jsonl", runs.parent / "demo.log"
     started = time.monotonic()
-    project("up", "-d", timeout=300)
-    up_seconds = time.monotonic() - started
-    assert listed_runs(project, "docker-local") == []
-    ready_seconds = time.monotonic() - started
-    first_ids = node_ids(project)
-    run = fedstale_run(project, "docker-local", "demo", "max-versions=6")
-    runs: Path = project.runs  # type: ignore[attr-defined]
-    updates = runs / "demo" / "updates.jsonl"
-    log = runs.parent / "demo.log"
-    try:
-        deadline = time.monotonic() + 240
-        while not rows(updates):
-            assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
-            time.sleep(0.5)
-        first_update = time.monotonic() - started
-        project.kill("supernode-1")
-        assert wait_for(run, RUN_TIMEOUT) == 0, log.read_text()[-4000:]
-    finally:
-        if run.poll() is None:
-            run.kill()
-    output = log.read_text()
-    print(
-        f"compose up {up_seconds:.1f} s, SuperLink answering {ready_seconds:.1f} s, "
-        f"first aggregation {first_update:.1f} s after up"
-    )
-    summary = json.loads((runs / "demo" / "summary.json").read_text())
-    handled = rows(updates)
+    timings: dict[str, float] = {}
+    for line in lines:
+        if " fedstale run " not in f" {line} ".replace(".venv/bin/", ""):
+            run_line(project, line)
+            key = "up" if " up " in line else line.split()[0]
+            timings.setdefault(key, time.monotonic() - started)
+            continue
+        run = shell(project, f'{line} --run-config "{RUN} max-versions=6 run-name=demo"', log)
+        try:
+            deadline = time.monotonic() + 240
+            while not rows(updates):
+                assert run.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+                time.sleep(0.5)
+            timings["first aggregation"] = time.monotonic() - started
+            first_ids = node_ids(project)  # each container has logged its id by now
+            project.kill("supernode-1")
+            assert wait_for(run, RUN_TIMEOUT) == 0, log.read_text()[-4000:]
+        finally:
+            if run.poll() is None:
+                run.kill()
+        output = log.read_text()
+        check_demo_run(project, runs / "demo", output, first_ids)
+    print(f"README block timings (s from its first line): {timings}")
+    assert not project.containers()  # the block ends with `down`
+
+    # State survives `down` and `up`: the SuperLink's database lists the run again.
+    run_line(project, "docker compose -f docker/compose.yml up -d")
+    runs_listed = listed_runs(project, "docker-local")
+    assert len(runs_listed) == 1 and "finished" in str(runs_listed[0]), runs_listed
+
+
+def check_demo_run(project: Compose, folder: Path, output: str, first_ids: dict[int, int]) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    handled = rows(folder / "updates.jsonl")
     tasks = [row["task"] for row in handled]
     assert summary["stop_reason"] == "version budget 6" and summary["versions"] == 6, summary
     assert len(tasks) == len(set(tasks)), "an update counted twice"
     lost = {int(t) for t in re.findall(r"task (\d+) lost: node \d+ \(client 1\)", output)}
     assert lost and not lost & set(tasks), output[-3000:]
     # Every update came from a container's partition: clients 0..2, each served by the node
-    # id its container logged.
+    # id its container logged (client 1's container came back under a new id, or not).
     assert {row["client"] for row in handled} <= {0, 1, 2}
     served = {int(c): int(n) for n, c in re.findall(r"node (\d+) serves client (\d+)", output)}
     for client in (0, 2):
         assert served[client] == first_ids[client], (served, first_ids)
     assert served.get(1) in {first_ids[1], *node_ids(project).values()}, (served, first_ids)
-    # Results on the host, owned by the container user; the data came from the mount.
-    assert (runs / "demo" / "metrics.jsonl").stat().st_uid == int(project.env["FEDSTALE_UID"])
+    # Results on the host, owned by the README's user; the data came from the mount.
+    assert (folder / "metrics.jsonl").stat().st_uid == os.getuid()
     assert summary["final_accuracy"] > 0.5, summary
 
-    # State survives `down` and `up`: the SuperLink's database lists the run again.
-    project("down", "-t", "5", timeout=180)
-    assert not project.containers()
-    project("up", "-d", timeout=300)
-    runs_listed = listed_runs(project, "docker-local")
-    assert len(runs_listed) == 1 and "finished" in str(runs_listed[0]), runs_listed
 
-
-@pytest.mark.skipif(not FMNIST.is_dir(), reason="no Fashion-MNIST (make data installs it)")
 def test_compose_tls_with_registered_keys_refuses_an_unregistered_node(
     runtime: Runtime, project: Compose, tmp_path: Path
 ) -> None:
@@ -221,7 +275,7 @@ def test_compose_tls_with_registered_keys_refuses_an_unregistered_node(
             owned(path, uid)
     project.files.append("compose.tls.yml")
     project.env |= {"FEDSTALE_CERTS": str(certs), "FEDSTALE_KEYS": str(keys)}
-    home: Path = project.home  # type: ignore[attr-defined]
+    home = project.folder / "flwr-home"
     with open(home / "config.toml", "a") as config:
         port = project.env["FEDSTALE_PORT"]
         config.write(
@@ -249,7 +303,7 @@ def test_compose_tls_with_registered_keys_refuses_an_unregistered_node(
         "--superlink", "superlink:8000", "--node-config", "partition-id=0 num-partitions=3",
     )  # fmt: skip
     run = fedstale_run(project, "docker-tls", "tls", "max-versions=2")
-    log = Path(project.runs).parent / "tls.log"  # type: ignore[attr-defined]
+    log = Path(project.env["FEDSTALE_RUNS"]).parent / "tls.log"
     assert wait_for(run, RUN_TIMEOUT) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert "all 3 clients connected" in output, output[-3000:]

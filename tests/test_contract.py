@@ -400,10 +400,10 @@ class Misconfigured(ScriptedTransport):
         return super().send(node_id, message_type, config, arrays, sets)
 
 
-def test_a_node_without_partition_id_is_refused_once(caplog: pytest.LogCaptureFixture) -> None:
+def run_then_refresh(transport: ScriptedTransport, caplog: pytest.LogCaptureFixture) -> Engine:
+    """A wall-clock run of 30 versions, then five more node refreshes (queries answered)."""
     from tests.test_engine import Recording
 
-    transport = Misconfigured(6, delta_reply, seed=10)
     engine = engine_for(
         Recording,
         transport,
@@ -415,6 +415,13 @@ def test_a_node_without_partition_id_is_refused_once(caplog: pytest.LogCaptureFi
         engine.run_loop()
         for _ in range(5):
             engine.refresh_nodes(force=True)
+            engine.nodes.collect(transport)
+    return engine
+
+
+def test_a_node_without_partition_id_is_refused_once(caplog: pytest.LogCaptureFixture) -> None:
+    transport = Misconfigured(6, delta_reply, seed=10)
+    engine = run_then_refresh(transport, caplog)
     bad_node = next(n for n, c in transport.nodes.items() if c == 5)
     queries = [s for s in transport.sent if s[0] == bad_node and s[1] == MSG_QUERY]
     assert len(queries) == 1
@@ -423,3 +430,38 @@ def test_a_node_without_partition_id_is_refused_once(caplog: pytest.LogCaptureFi
     ]
     assert len(lines) == 1 and "no partition-id given" in lines[0]
     assert 5 not in {u.client for u in engine.strategy.seen}  # type: ignore[attr-defined]
+
+
+class QueryLost(ScriptedTransport):
+    """The query to client 5's node fails in transit `failures` times (an error reply, as
+    Flower gives for an expired message), then is answered."""
+
+    def __init__(self, *args: Any, failures: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failures = failures
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        if message_type == MSG_QUERY and self.nodes[node_id] == 5 and self.failures:
+            self.failures -= 1
+            self.counter += 1
+            msg_id = f"q{self.counter}"
+            self.sent.append((node_id, message_type, dict(config)))
+            self.pending[msg_id] = (0, Reply(msg_id, error_code=3, error="Message Unavailable"))
+            return msg_id
+        return super().send(node_id, message_type, config, arrays, sets)
+
+
+@pytest.mark.parametrize(("failures", "served"), [(2, True), (3, False)])
+def test_a_query_lost_in_transit_is_asked_again_up_to_three_times(
+    caplog: pytest.LogCaptureFixture, failures: int, served: bool
+) -> None:
+    transport = QueryLost(6, delta_reply, seed=10, failures=failures)
+    engine = run_then_refresh(transport, caplog)
+    node = next(n for n, c in transport.nodes.items() if c == 5)
+    queries = [s for s in transport.sent if s[0] == node and s[1] == MSG_QUERY]
+    assert len(queries) == 3  # two lost and one answered, or three lost
+    refused = [
+        r.getMessage() for r in caplog.records if f"node {node} gets no work" in r.getMessage()
+    ]
+    assert (5 in {u.client for u in engine.strategy.seen}) == served  # type: ignore[attr-defined]
+    assert len(refused) == (0 if served else 1)

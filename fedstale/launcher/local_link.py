@@ -16,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -24,6 +25,7 @@ from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, tool
 
 STARTUP_SECONDS = 30.0
+REMOTE_WAIT_SECONDS = 90.0  # a SuperLink container just brought up answers after ~10 s
 
 
 def local_ports() -> tuple[str, str]:
@@ -33,19 +35,25 @@ def local_ports() -> tuple[str, str]:
     return LOCAL_SUPERLINK_HTTP_API_PORT, LOCAL_CONTROL_API_ADDRESS
 
 
+def connection_of(connection_name: str) -> Any:
+    """Flower's SuperLinkConnection of that name (its default for ''), or one line."""
+    import click
+    from flwr.cli.flower_config import read_superlink_connection
+
+    try:
+        return read_superlink_connection(connection_name or None)
+    except click.ClickException as err:
+        raise ConfigError(f"Flower's configuration: {err.message}") from None
+
+
 def is_local(connection_name: str) -> tuple[bool, bool]:
     """(is the connection Flower's managed local SuperLink, is it the in-memory kind)."""
-    import click
     from flwr.cli.constant import (
         LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE,
         LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE_IN_MEMORY,
     )
-    from flwr.cli.flower_config import read_superlink_connection
 
-    try:
-        connection = read_superlink_connection(connection_name or None)
-    except click.ClickException as err:
-        raise ConfigError(f"Flower's configuration: {err.message}") from None
+    connection = connection_of(connection_name)
     address = connection.address
     if address is None and connection.options is not None:
         address = LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE  # Flower's deprecated options-only form
@@ -58,6 +66,36 @@ def healthy(port: str) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/health", timeout=1.0).is_success
     except httpx.HTTPError:
         return False
+
+
+def answers(address: str, insecure: bool, root_certificates: str | None) -> bool:
+    """Something serves HTTP at the SuperLink's address (any status: `flwr run` judges the
+    rest, and a TLS failure too); False while nothing accepts or a proxy resets."""
+    url = f"{'http' if insecure else 'https'}://{address}/health"
+    try:
+        httpx.get(url, timeout=2.0, verify=root_certificates or True)
+    except httpx.TransportError as err:
+        return "SSL" in str(err) or "certificate" in str(err).lower()
+    return True
+
+
+def await_remote(connection_name: str, timeout: float = REMOTE_WAIT_SECONDS) -> None:
+    """Wait until the connection's SuperLink answers, saying so once if it does not at
+    first (a container still starting); one line if it never does."""
+    connection = connection_of(connection_name)
+    address = connection.address
+    security = (connection.insecure, connection.root_certificates)
+    if not address or answers(address, *security):
+        return
+    print(f"fedstale: waiting for the SuperLink at {address} to answer", file=sys.stderr)
+    deadline = time.monotonic() + timeout
+    while not answers(address, *security):
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"the SuperLink at {address} (connection {connection.name!r}) did not answer "
+                f"within {timeout:g} s: is it up? (docker compose ps; its log)"
+            )
+        time.sleep(1.0)
 
 
 def superlink_command(in_memory: bool) -> tuple[list[str], Path]:
@@ -84,6 +122,7 @@ def owned_local_superlink(connection_name: str) -> Iterator[subprocess.Popen | N
     local, in_memory = is_local(connection_name)
     port, _ = local_ports()
     if not local:
+        await_remote(connection_name)
         yield None
         return
     if healthy(port):

@@ -14,6 +14,8 @@ from typing import Protocol
 from fedstale.common.schema import MSG_QUERY, ReplyKeys
 from fedstale.server_app.transport import Reply, Transport
 
+QUERY_TRIES = 3  # a node's partition query, failed in transit, is sent this many times
+
 log = logging.getLogger("fedstale")
 
 
@@ -70,6 +72,7 @@ class NodeBook(ClientBook):
 
     queries: dict[str, int] = field(default_factory=dict)
     refused: set[int] = field(default_factory=set)
+    failed_queries: dict[int, int] = field(default_factory=dict)
 
     def refresh(self, transport: Transport) -> list[int]:
         """Query nodes seen for the first time; forget nodes gone, and return those."""
@@ -87,12 +90,20 @@ class NodeBook(ClientBook):
 
     def _register(self, node: int, reply: Reply) -> None:
         """Book the node's client, or refuse the node once, with one line, for the run (a
-        restarted node comes back with a new id and is asked again)."""
+        restarted node comes back with a new id and is asked again). A query that failed in
+        transit (an error reply: the node busy, its message expired) is asked again at the
+        next refresh, up to QUERY_TRIES times."""
         client = reply.metrics.get(ReplyKeys.PARTITION_ID)
         if reply.problem:
             problem = reply.problem
         elif reply.error_code is not None or reply.invalid:
             problem = f"its query failed ({reply.error or reply.invalid}); check its log"
+            tries = self.failed_queries[node] = self.failed_queries.get(node, 0) + 1
+            if reply.error_code is not None and tries < QUERY_TRIES:
+                log.warning(
+                    "node %d: query %d of %d failed; asking again", node, tries, QUERY_TRIES
+                )
+                return
         elif not isinstance(client, int) or not 0 <= client < self.num_clients:
             problem = f"it reports partition-id {client!r}, outside 0..{self.num_clients - 1}"
         else:
