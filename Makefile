@@ -27,12 +27,19 @@ data:
 		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq dataset-fashion-mnist; }; \
 	fi
 
-# openssl (TLS certificates) and ssh-keygen (SuperNode keys) for the deployment tests.
+# openssl (TLS certificates) and ssh-keygen (SuperNode keys) for the deployment tests;
+# podman (with runc, for sandboxes where crun cannot set up cgroups) and mmdebstrap (the
+# local base image) for the container tests. podman-compose comes with the dev extras.
+TOOLS = openssl:openssl ssh-keygen:openssh-client mmdebstrap:mmdebstrap podman:podman runc:runc
+
 tools:
-	@if ! { command -v openssl && command -v ssh-keygen; } >/dev/null && command -v apt-get >/dev/null; then \
+	@missing=""; for pair in $(TOOLS); do \
+		command -v $${pair%%:*} >/dev/null || missing="$$missing $${pair#*:}"; \
+	done; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null; then \
 		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
-		$$SUDO apt-get install -y -qq openssl openssh-client >/dev/null 2>&1 || \
-		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq openssl openssh-client; }; \
+		$$SUDO apt-get install -y -qq $$missing >/dev/null 2>&1 || \
+		{ $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq $$missing; }; \
 	fi
 
 # The main job: FedPSA as its paper defines it (server step as written, eq. 20) on the
@@ -47,8 +54,9 @@ demo: setup data
 	$(BIN)/fedstale run --local --overwrite --run-config "$(DEMO_CONFIG)" --run-config "$(RUN_CONFIG)"
 	$(BIN)/fedstale compare runs/$(DEMO_NAME) --out runs/$(DEMO_NAME)/summary --last 10 --target 0.8
 
+# --durations: the slowest tests' share of the run, in every CI log
 test: setup data tools
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=15
 
 # The suite under kernel settings that change the numerics on an x86 box (docs/testing.md, Golden
 # runs on any CPU): each must pass as the default does.

@@ -88,3 +88,17 @@ def test_the_image_copies_every_package_the_wheel_installs() -> None:
     dockerfile = (DOCKER / "Dockerfile").read_text()
     missing = [p for p in packages if not re.search(rf"^COPY {p} {p}$", dockerfile, re.M)]
     assert not missing, f"docker/Dockerfile does not copy {missing}: pip install . would fail"
+
+
+def test_the_gpu_variant_reserves_a_gpu_per_supernode_and_builds_cuda_torch() -> None:
+    """docker/compose.gpu.yml cannot run here (no GPU): its shape is what Docker's GPU
+    support reads, and its images take PyPI's torch (CUDA), not the CPU index."""
+    base, gpu = load("compose.yml")["services"], load("compose.gpu.yml")["services"]
+    nodes = sorted(name for name in base if name.startswith("supernode-"))
+    assert sorted(gpu) == nodes
+    for name in nodes:
+        service = gpu[name]
+        (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+        assert device == {"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}
+        assert service["build"]["args"] == {"TORCH": "torch==2.13.0", "TORCH_INDEX": ""}
+        assert service["image"] != base[name]["image"]
