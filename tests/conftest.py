@@ -19,9 +19,28 @@ if _OWN_CACHE is not None:
     os.environ["FEDSTALE_CACHE_DIR"] = _OWN_CACHE
 
 
+_TEMP_DIRS: list[str] = []
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if _OWN_CACHE is not None:
-        shutil.rmtree(_OWN_CACHE, ignore_errors=True)
+    for folder in [_OWN_CACHE, *_TEMP_DIRS]:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.hookimpl(trylast=True)  # after -k and -m have deselected
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
+    """The container tests run last, and their images (minutes to build on a fresh machine)
+    start building, at the lowest priority, as the session starts."""
+    last = [item for item in items if item.path.name == "test_containers.py"]
+    if last:
+        items[:] = [item for item in items if item.path.name != "test_containers.py"] + last
+        from tests.containers import prebuild
+
+        _TEMP_DIRS.append(tempfile.mkdtemp(prefix="fedstale-containers-"))
+        prebuild(Path(_TEMP_DIRS[-1]))
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,7 @@ by label (containers, pods, network, volumes), with what is left checked."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import configparser
 import contextlib
 import os
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +38,11 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.
     return subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+# Image builds run beside the other tests (see prebuild): at the lowest priority, so the
+# wall-clock tests running meanwhile keep the cores they need.
+NICE = ["nice", "-n", "19"]
 
 
 @dataclass
@@ -75,6 +82,9 @@ def find_runtime(workdir: Path) -> Runtime | str:
     for engine in ("podman", "docker"):
         if shutil.which(engine) is None:
             missing.append(f"no {engine}")
+            continue
+        if engine == "docker" and _run(["docker", "info"], dict(os.environ), 60).returncode:
+            missing.append("a docker client without a daemon")
             continue
         compose = _compose_command(engine)
         if compose is None:
@@ -123,7 +133,7 @@ def ensure_base(runtime: Runtime, workdir: Path) -> str:
     packages = "python3,python3-venv,python3-pip,ca-certificates"
     command = ["mmdebstrap", "--variant=apt", f"--include={packages}", "bookworm", str(tarball)]
     made = _run(
-        [*command, debian_mirror()],
+        [*NICE, *command, debian_mirror()],
         dict(os.environ),
         BUILD_TIMEOUT,
     )
@@ -163,10 +173,10 @@ def build_args(runtime: Runtime) -> tuple[list[str], dict[str, str]]:
 def build(runtime: Runtime, dockerfile: Path, context: Path, tag: str, **args: str) -> None:
     mounts, _ = build_args(runtime)
     flags = [flag for key, value in args.items() for flag in ("--build-arg", f"{key}={value}")]
-    runtime.check(
-        "build", "--network", "host", *mounts, "-f", str(dockerfile), *flags, "-t", tag,
-        str(context), timeout=BUILD_TIMEOUT,
-    )  # fmt: skip
+    command = [*NICE, runtime.engine, "build", "--network", "host", *mounts, "-f", str(dockerfile)]
+    built = _run([*command, *flags, "-t", tag, str(context)], runtime.env, BUILD_TIMEOUT)
+    if built.returncode != 0:
+        raise RuntimeError(f"building {tag}: {built.stderr[-3000:]}")
 
 
 def build_images(runtime: Runtime) -> dict[str, str]:
@@ -245,3 +255,46 @@ class Compose:
             if kind != "container":
                 self.runtime(kind, "rm", "-f", name)
         return left
+
+
+@dataclass
+class Prepared:
+    """What `prepare` found: the runtime (or why there is none), the images' sizes and the
+    seconds it took."""
+
+    runtime: Runtime | None = None
+    skip: str = ""
+    sizes: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def prepare(workdir: Path) -> Prepared:
+    """A runtime, the base image, the stand-ins and fedstale's images."""
+    started = time.monotonic()
+    found = find_runtime(workdir)
+    if isinstance(found, str):
+        return Prepared(skip=found)
+    build_images(found)
+    names = ("fedstale-superlink:0.1.0", "fedstale-supernode:0.1.0")
+    sizes = {name: image_size(found, name) for name in names}
+    return Prepared(found, sizes=sizes, seconds=time.monotonic() - started)
+
+
+_PREBUILD: concurrent.futures.Future[Prepared] | None = None
+
+
+def prebuild(workdir: Path) -> None:
+    """Start `prepare` in a thread of its own (once per session): the container tests run
+    last and find their images built while the rest of the suite ran."""
+    global _PREBUILD
+    if _PREBUILD is None:
+        pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="images")
+        _PREBUILD = pool.submit(prepare, workdir)
+        pool.shutdown(wait=False)
+
+
+def prepared(workdir: Path) -> Prepared:
+    """The prebuild's result (started now if it was not), its errors raised here."""
+    prebuild(workdir)
+    assert _PREBUILD is not None
+    return _PREBUILD.result(timeout=BUILD_TIMEOUT * 3)
