@@ -170,8 +170,9 @@ def build_args(runtime: Runtime) -> tuple[list[str], dict[str, str]]:
     return mounts, args
 
 
-def build(runtime: Runtime, dockerfile: Path, context: Path, tag: str, **args: str) -> None:
-    mounts, _ = build_args(runtime)
+def build(
+    runtime: Runtime, mounts: list[str], dockerfile: Path, context: Path, tag: str, **args: str
+) -> None:
     flags = [flag for key, value in args.items() for flag in ("--build-arg", f"{key}={value}")]
     command = [*NICE, runtime.engine, "build", "--network", "host", *mounts, "-f", str(dockerfile)]
     built = _run([*command, *flags, "-t", tag, str(context)], runtime.env, BUILD_TIMEOUT)
@@ -182,15 +183,16 @@ def build(runtime: Runtime, dockerfile: Path, context: Path, tag: str, **args: s
 def build_images(runtime: Runtime) -> dict[str, str]:
     """The stand-ins (cached layers make a rebuild seconds) and fedstale's two images; the
     environment compose needs to find them (the build arguments it would use)."""
-    _, args = build_args(runtime)
+    mounts, args = build_args(runtime)
     with tempfile.TemporaryDirectory(prefix="standin-") as empty:
         for role in ("superlink", "supernode"):
             build(
-                runtime, DOCKER / "standin.Dockerfile", Path(empty),
+                runtime, mounts, DOCKER / "standin.Dockerfile", Path(empty),
                 f"{STANDIN}/{role}:{FLWR_VERSION}", ROLE=role, BASE=BASE_IMAGE,
             )  # fmt: skip
     for role in ("superlink", "supernode"):
-        build(runtime, DOCKER / "Dockerfile", ROOT, f"fedstale-{role}:0.1.0", ROLE=role, **args)
+        tag = f"fedstale-{role}:0.1.0"
+        build(runtime, mounts, DOCKER / "Dockerfile", ROOT, tag, ROLE=role, **args)
     return args
 
 
@@ -226,10 +228,8 @@ class Compose:
         return out.split()
 
     def logs(self, service: str) -> str:
-        return "".join(
-            self.runtime("logs", container).stdout + self.runtime("logs", container).stderr
-            for container in self.containers(service)
-        )
+        printed = [self.runtime("logs", container) for container in self.containers(service)]
+        return "".join(result.stdout + result.stderr for result in printed)
 
     def kill(self, service: str) -> None:
         for container in self.containers(service):
