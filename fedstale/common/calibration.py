@@ -1,7 +1,8 @@
 """FedPSA's shared calibration batch D_b (FedPSA paper Sec. 5.2; the Table 5 ablation).
 
 - `gaussian` (default): i.i.d. N(0, 1) inputs of the model's input shape with uniformly
-  random labels, generated from a seed, so only the seed travels.
+  random labels, generated from a seed, so only the seed travels (`fedpsa-calib-labels =
+  self` replaces the labels, per sketched model: fedstale/common/sensitivity.py).
 - `real`: `B` samples of the held-out test split, drawn by the server from the seed. The
   server sends them once, with a client's first FedPSA task (ConfigRecord bytes); later
   tasks carry only their digest. The client keeps the batch in memory and in its cache

@@ -68,6 +68,7 @@ class SignalKeys:
     CALIB_SIZE = "calib-size"
     CALIB_SEED = "calib-seed"
     CALIB_SOURCE = "calib-source"  # "gaussian" (from CALIB_SEED) or "real"
+    CALIB_LABELS = "calib-labels"  # "random" (drawn with the batch) or "self"
     CALIB_X = "calib-x"  # a real calibration batch, sent once (float32 bytes)
     CALIB_Y = "calib-y"  # its labels (int64 bytes)
     CALIB_DIGEST = "calib-digest"  # names the real batch in every task

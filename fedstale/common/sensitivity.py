@@ -2,6 +2,9 @@
 
 - Calibration batch D_b: B samples shared by every client and the server
   (fedstale/common/calibration.py: Gaussian from a seed by default, or a real held-out batch).
+  The Gaussian batch's labels are uniformly random, or (`calib-labels` = `self`) each
+  sketched model's own argmax predictions on its inputs, so every model's loss gradient
+  depends on the model (with random labels it barely does, and kappa is ~1 everywhere).
 - Parameter sensitivity (eq. 8): s = |g * theta - 0.5 * F * theta^2|, g the gradient of the
   mean loss on D_b, F = (1/B) sum_k g_k^2 the empirical Fisher diagonal (eq. 6) from
   per-sample gradients g_k, computed batched with torch.func (vmap over grad).
@@ -24,6 +27,7 @@ from fedstale.common.calibration import Batch, batch_for_task
 from fedstale.common.models import LinearModel, set_flat, softmax_residual
 from fedstale.common.schema import SignalKeys
 
+LABELS = ("random", "self")  # where the Gaussian batch's labels come from
 SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
 GRAD_CHUNK_BYTES = 16 << 20  # per-sample gradients held at once, so big models stay small
 
@@ -127,6 +131,26 @@ def model_sketch(
     return sketch(sensitivity(model, x.to(device), y.to(device)), k, seed)
 
 
+def self_labelled(model: nn.Module, batch: Batch) -> Batch:
+    """`batch`'s inputs labelled by `model`'s own argmax predictions, taken in eval mode
+    (the mode of its sensitivity)."""
+    x, _ = batch
+    was_training = model.training
+    model.eval()
+    with torch.no_grad():
+        y = model(x.to(next(model.parameters()).device)).argmax(dim=1).cpu()
+    model.train(was_training)
+    return x, y
+
+
+def calib_labels(settings: Mapping[str, Any]) -> str:
+    """A task's label mode; a task that names none (an older server) means `random`."""
+    labels = str(settings.get(SignalKeys.CALIB_LABELS, "random"))
+    if labels not in LABELS:
+        raise ValueError(f"calibration labels '{labels}' are not one of {LABELS}")
+    return labels
+
+
 def sketch_for_task(
     model: nn.Module,
     settings: Mapping[str, Any],
@@ -135,9 +159,12 @@ def sketch_for_task(
     batch: Batch | None = None,
 ) -> np.ndarray:
     """The sketch a task's config asks for; the server calls it with the same settings
-    and its own copy of the calibration batch."""
+    and its own copy of the calibration batch. With `self` labels, each model sketched
+    (client or global) labels the batch itself."""
     if batch is None:
         batch = batch_for_task(settings, input_shape, num_classes)
+    if calib_labels(settings) == "self":
+        batch = self_labelled(model, batch)
     return model_sketch(
         model,
         batch,

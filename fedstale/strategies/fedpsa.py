@@ -11,7 +11,9 @@ softmax(kappa / Temp) afterwards (eq. 19), and w <- w + sum_i weight_i delta_i (
 
 Ablations (paper Table 6): no-thermometer (Temp fixed at gamma + delta), no-sensitivity
 (sketches of the raw parameters), no-both. Calibration batch (Table 5): Gaussian from the
-run seed, or a real held-out batch the server binds and sends once per client.
+run seed, or a real held-out batch the server binds and sends once per client. The Gaussian
+batch's labels (the paper does not say what they are): uniformly random, or with
+`fedpsa-calib-labels=self` each sketched model's own argmax predictions.
 Diagnostic (Sec. 6.6, eq. 21-22): with `fedpsa-diagnostic`, every update also records
 align = cos(grad L(w_client; D_test), grad L(w_server; D_test)), w_client = w_base + delta.
 """
@@ -55,6 +57,7 @@ class FedPSAParams(KebabModel):
     fedpsa_calib_size: int = Field(32, ge=1)
     fedpsa_ablation: Literal["none", "no-thermometer", "no-sensitivity", "no-both"] = "none"
     fedpsa_calib_source: Literal["gaussian", "real"] = "gaussian"
+    fedpsa_calib_labels: Literal["random", "self"] = "random"
     fedpsa_diagnostic: bool = False
 
 
@@ -133,6 +136,22 @@ class FedPSA(Strategy):
         assert isinstance(params, FedPSAParams)
         if params.fedpsa_gamma == 0 and params.fedpsa_delta == 0:
             raise ValueError("fedpsa-gamma and fedpsa-delta are both 0: the temperature is 0")
+        if params.fedpsa_calib_labels == "self":
+            cls.check_self_labels(params)
+
+    @staticmethod
+    def check_self_labels(params: FedPSAParams) -> None:
+        """`self` relabels the Gaussian batch of a sensitivity sketch, and nothing else."""
+        if params.fedpsa_calib_source == "real":
+            raise ValueError(
+                "fedpsa-calib-labels=self labels the Gaussian batch; a real batch "
+                "(fedpsa-calib-source=real) keeps its own labels"
+            )
+        if params.fedpsa_ablation in ("no-sensitivity", "no-both"):
+            raise ValueError(
+                f"fedpsa-calib-labels=self has no effect with fedpsa-ablation="
+                f"{params.fedpsa_ablation}: its sketches are of the raw parameters, on no batch"
+            )
 
     @property
     def uses_thermometer(self) -> bool:
@@ -178,6 +197,7 @@ class FedPSA(Strategy):
             SignalKeys.CALIB_SIZE: self.params.fedpsa_calib_size,
             SignalKeys.CALIB_SEED: self.run.seed,
             SignalKeys.CALIB_SOURCE: self.params.fedpsa_calib_source,
+            SignalKeys.CALIB_LABELS: self.params.fedpsa_calib_labels,
         }
         if self.real_calibration:
             if not self.calibration:
