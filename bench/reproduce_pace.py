@@ -5,6 +5,8 @@ Fashion-MNIST, regenerated.
     python -m bench.reproduce_pace --seeds-all 3   # 3 seeds of every method
     python -m bench.reproduce_pace --updates 4000  # a longer budget
     python -m bench.reproduce_pace --report        # tables of the runs already done
+    python -m bench.reproduce_pace --methods local-only,pfedgraph-async-authors \
+        --partitions dir0.1                        # the added baselines' Dir(0.1) cells
 
 Protocol (paper Sec. V-A; its datasets are EMNIST / CIFAR / AGNews / HARBox, not available
 here): Fashion-MNIST train and test merged, split over 100 clients by per-class Dirichlet
@@ -17,7 +19,11 @@ same way: each client's model (the global one for FedAsync, FedBuff, FedAvg) on 
 local test split, mean over clients; the paper's figure is the mean of the last 10
 evaluations. Baselines as the paper sets them: FedAsync hinge a 1 b 4; FedBuff K 10 (the
 paper's eta_g 10 in AFL-Lib's FedBuff, which divides the buffer mean by K again, is our
-eta_g 1); FedAvg samples 10% a round.
+eta_g 1); FedAvg samples 10% a round. Two baselines the paper lacks: local-only (every
+client trains only its own model: what PACE gains by collaborating at all) and
+pFedGraph-Async as the authors' pFedGraph stores its models (pfedgraph-style = authors:
+each client's aggregate kept and compared, where ours keeps raw models and mixes at
+dispatch).
 
 Runs use the real engine, strategies and client code in-process, several at once on
 separate cores; results.jsonl keeps each finished run, so an interrupted grid resumes.
@@ -58,15 +64,18 @@ METHODS = {
     },
     "fedbuff": {"strategy": "fedbuff", "buffer-size": 10},
     "fedavg": {"strategy": "fedavg"},
+    "local-only": {"strategy": "local-only"},
+    "pfedgraph-async-authors": {"strategy": "pfedgraph-async", "pfedgraph-style": "authors"},
 }
 MAIN = ("pace", "pfedgraph-async", "fedasync", "fedbuff", "fedavg")
+ADDED = ("pfedgraph-async-authors", "local-only")  # rows only once run; not in the paper
 FIG5 = {  # Fig. 5's bars, left to right
     "pFedGraph-Async (naive)": "pfedgraph-async",
     "+ buffer": "pace-buffer",
     "+ buffer + multicast": "pace-buffer-multicast",
     "+ staleness decay (PACE)": "pace",
 }
-SEEDED = ("pace", "pfedgraph-async")  # --seeds of these; --seeds-all of the rest
+SEEDED = ("pace", "pfedgraph-async", *ADDED)  # --seeds of these; --seeds-all of the rest
 PAPER = {  # Table II, mean client accuracy %: EMNIST (#C = 10, Dir 0.1), CIFAR-10 (#C = 2, Dir 0.1)
     "pace": ("91.97", "90.75", "79.98", "81.65"),
     "pfedgraph-async": ("72.64", "42.98", "59.90", "16.70"),
@@ -101,11 +110,11 @@ PROTOCOL = {
 LAST = 10  # the paper's figure: mean of the last 10 evaluations
 
 
-def jobs_for(methods: list[str], seeds: int, seeds_all: int) -> list[Job]:
+def jobs_for(methods: list[str], seeds: int, seeds_all: int, parts: list[str]) -> list[Job]:
     """Seed 0 of every cell first, so that an interrupted grid has a whole table soonest."""
     jobs = []
     for seed in range(max(seeds, seeds_all)):
-        for part in PARTITIONS:
+        for part in parts:
             for method in methods:
                 if seed >= (seeds if method in SEEDED else seeds_all):
                     continue
@@ -157,13 +166,14 @@ def main_table(results: list[dict[str, Any]], updates: int) -> str:
             "comm. #C=2",
         ],
     )
-    for method in MAIN:
+    added = [m for m in ADDED if matching(results, method=m)]
+    for method in (*MAIN, *added):
         cells = []
         for part in PARTITIONS:
             cells.append(
                 mean_std([last_mean(r) for r in matching(results, method=method, partition=part)])
             )
-        paper = PAPER[method]
+        paper = PAPER.get(method, ("-",) * 4)
         cells += [f"{paper[0]} / {paper[1]}", f"{paper[2]} / {paper[3]}"]
         for part in PARTITIONS:
             ours = matching(results, method=method, partition=part)
@@ -230,10 +240,10 @@ def fig5_table(results: list[dict[str, Any]], updates: int) -> str:
 def plot(results: list[dict[str, Any]], path: Path) -> None:
     with figure(path, len(PARTITIONS), 6, sharey=True) as (_, axes):
         for ax, part in zip(axes, PARTITIONS, strict=True):
-            for method in (*MAIN, "pace-buffer", "pace-buffer-multicast"):
+            for method in (*MAIN, *ADDED, "pace-buffer", "pace-buffer-multicast"):
                 rows = matching(results, method=method, partition=part)
                 if rows:
-                    style = "--" if method.startswith("pace-") else "-"
+                    style = "--" if method.startswith("pace-") else ":" if method in ADDED else "-"
                     ax.plot(*mean_curve(rows), style, label=method, linewidth=1.2)
             ax.set_title(f"Fashion-MNIST, {part}")
             ax.set_xlabel("virtual time")
@@ -247,14 +257,20 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=2000, help="arrivals per run")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds of PACE and pFedGraph-Async")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="seeds of PACE and the personalised baselines"
+    )
     parser.add_argument("--seeds-all", type=int, default=1, help="seeds of every other method")
     parser.add_argument("--methods", default=",".join(METHODS), help="a comma-separated subset")
+    parser.add_argument(
+        "--partitions", default=",".join(PARTITIONS), help="a comma-separated subset"
+    )
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    if unknown := set(args.methods.split(",")) - set(METHODS):
-        parser.error(f"unknown methods {sorted(unknown)}; choose from {','.join(METHODS)}")
+    for flag, known in (("methods", METHODS), ("partitions", PARTITIONS)):
+        if unknown := set(getattr(args, flag).split(",")) - set(known):
+            parser.error(f"unknown {flag} {sorted(unknown)}; choose from {','.join(known)}")
 
 
 def tables(results: list[Result], args: Options) -> str:
@@ -277,7 +293,9 @@ PACE = Paper(
     description=__doc__ or "",
     suites={
         "main": Suite(
-            lambda args: jobs_for(args.methods.split(","), args.seeds, args.seeds_all),
+            lambda args: jobs_for(
+                args.methods.split(","), args.seeds, args.seeds_all, args.partitions.split(",")
+            ),
             tables,
             "table.md",
             plot,

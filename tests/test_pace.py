@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
+from fedstale.common.config import ConfigError
 from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
@@ -117,6 +119,63 @@ def test_pfedgraph_async_sends_the_graph_mix_and_never_blends() -> None:
     assert naive.model_of(1).tolist() == naive.model_for(1).tolist()
 
 
+def authors_pfedgraph() -> PFedGraphAsync:
+    run = run_config(num_clients=3, concurrency=2)
+    naive = PFedGraphAsync(run, PACEParams(pfedgraph_style="authors"), np.array([1.0, 0.0]))
+    naive.bind_client_sizes(np.array([2.0, 1.0, 1.0]))  # p = [.5, .25, .25]
+    return naive
+
+
+def test_authors_pfedgraph_stores_each_clients_aggregate_worked_by_hand() -> None:
+    naive = authors_pfedgraph()
+    naive.on_update(arrival(0, [0.0, 1.0], arrivals=0), View())
+    # cos(theta_0, phi) = [1, 0, 0] -> W_0 = [1, 0, 0]; phi_0 = 1 * theta_0
+    np.testing.assert_allclose(naive.phi, [[0, 1], [1, 0], [1, 0]])
+    # client 1 has no aggregate yet: it starts from its stored model, the initial one,
+    # where the default sends the mix .5 [0, 1] + .5 [1, 0]
+    assert naive.model_for(1).tolist() == [1.0, 0.0]
+    assert naive.model_of(1).tolist() == [1.0, 0.0]
+
+    naive.on_update(arrival(1, [1.0, 1.0], arrivals=5), View())
+    # cos(theta_1, [phi_0, theta_1, phi_2]) = [1/sqrt 2, 1, 1/sqrt 2];
+    # v = p + .75 cos = [1.0303, 1, .7803], all in the support: W_1 = v - (sum v - 1) / 3
+    # = [.4268, .3964, .1768]; phi_1 = W_10 [0, 1] + W_11 [1, 1] + W_12 [1, 0]
+    # = [W_11 + W_12, W_10 + W_11] = [.5732, .8232]
+    s = 1 / np.sqrt(2)
+    v = np.array([0.5 + 0.75 * s, 1.0, 0.25 + 0.75 * s])
+    w1 = v - (v.sum() - 1) / 3
+    np.testing.assert_allclose(naive.graph[1], w1, rtol=1e-9)
+    stored = np.array([w1[1] + w1[2], w1[0] + w1[1]])
+    np.testing.assert_allclose(naive.phi[1], stored, rtol=1e-6)
+    np.testing.assert_allclose(stored, [0.5732, 0.8232], atol=1e-4)
+    assert naive.model_for(1).tolist() == naive.phi[1].tolist()  # no mixing at dispatch
+    np.testing.assert_allclose(naive.phi[[0, 2]], [[0, 1], [1, 0]])  # the others untouched
+
+    naive.on_update(arrival(2, [1.0, 0.0], arrivals=1), View())
+    # the similarity to client 1 is to its aggregate: cos([1, 0], [.5732, .8232]) = .5714
+    # (to its raw [1, 1] it would be .7071); v = [.5 + 0, .25 + .75 * .5714, .25 + .75]
+    # = [.5, .6786, 1], all in the support: W_2 = v - (sum v - 1) / 3 = [.1071, .2857, .6071]
+    cos = stored[0] / np.linalg.norm(stored)
+    v = np.array([0.5, 0.25 + 0.75 * cos, 1.0])
+    w2 = v - (v.sum() - 1) / 3
+    np.testing.assert_allclose(naive.graph[2], w2, rtol=1e-6)
+    np.testing.assert_allclose(w2, [0.1071, 0.2857, 0.6071], atol=1e-4)
+    expected = w2[0] * np.array([0.0, 1.0]) + w2[1] * stored + w2[2] * np.array([1.0, 0.0])
+    np.testing.assert_allclose(naive.phi[2], expected, rtol=1e-6)
+    np.testing.assert_allclose(naive.model, naive.phi.mean(axis=0), rtol=1e-6)
+
+
+def test_authors_pfedgraph_is_refused_outside_the_naive_baseline() -> None:
+    with pytest.raises(ConfigError, match="pfedgraph-style=authors is a form of the naive"):
+        load_config({"strategy": "pace", "pfedgraph-style": "authors"})
+    for values in (
+        {"strategy": "pfedgraph-async"},
+        {"strategy": "pace", "pace-ablation": "naive"},
+    ):
+        _, params = load_config({**values, "pfedgraph-style": "authors"})
+        assert params.pfedgraph_style == "authors"
+
+
 def test_multicast_takes_the_shortest_prefix_over_omega() -> None:
     taus = [(50, 3, 30), (10, 1, 10), (50, 2, 20)]  # (tau, client, task)
     assert multicast_group(taus, 2500.0) == [20, 30]  # 2500 is not > 2500; ties: lower id
@@ -164,29 +223,39 @@ def test_same_client_dispatch_sends_the_arrival_back_first() -> None:
     assert plan[0].entries == {"pace-lambda": 0.01}
 
 
-def test_pace_runs_in_process_with_multicasts_and_personal_evaluation(tmp_path: Path) -> None:
+def digits_run(runs_dir: Path, **values: Any) -> dict[str, Any]:
+    """A short in-process run of a personalised rule on digits, split per-class Dirichlet
+    0.3 with a local test split per client; its summary (folder `runs_dir`/run)."""
     values = {
-        "strategy": "pace",
         "dataset": "digits",
         "partition": "dirichlet",
         "dirichlet-convention": "per-class",
         "dirichlet-alpha": 0.3,
         "test-split": "local",
         "client-val-fraction": 0.25,
-        "num-clients": 12,
-        "concurrency": 4,
-        "latency": "slow-fraction",
         "lr": 0.05,
         "local-epochs": 1,
         "max-virtual-time": 0.0,
-        "max-versions": 60,
         "eval-interval": 500.0,
-        "pace-omega": 20.0,
-        "run-name": "pace",
-        "runs-dir": str(tmp_path),
+        "run-name": "run",
+        "runs-dir": str(runs_dir),
+        **values,
     }
     run, params = load_config(values)
-    summary = run_experiment(run, params, local_transport(run))
+    return run_experiment(run, params, local_transport(run))
+
+
+def test_pace_runs_in_process_with_multicasts_and_personal_evaluation(tmp_path: Path) -> None:
+    values = {
+        "strategy": "pace",
+        "num-clients": 12,
+        "concurrency": 4,
+        "latency": "slow-fraction",
+        "max-versions": 60,
+        "pace-omega": 20.0,
+        "run-name": "pace",
+    }
+    summary = digits_run(tmp_path, **values)
     assert summary["evaluation"] == "per-client"
     assert summary["tasks_superseded"] > 0  # multicasts happened
     assert summary["downlinks"] == summary["tasks_dispatched"]

@@ -166,6 +166,11 @@ def update_record(update: Update, weight: float, **signals: Any) -> dict[str, An
     }
 
 
+def mean_model(models: np.ndarray) -> np.ndarray:
+    """The mean of stacked flat models (float64 sums, float32 result)."""
+    return models.mean(axis=0, dtype=np.float64).astype(np.float32)
+
+
 class Strategy(ABC):
     name: ClassVar[str]
     returns: ClassVar[str] = RETURN_DELTA

@@ -20,9 +20,12 @@ A task for client c starts from phi_c; client c's personalised model (evaluated 
 split) is phi_c.
 
 pFedGraph-Async (the paper's naive baseline): phi_i = theta_i, row i as above, a task for
-c starts from sum_j W_cj phi_j; no blending, no decay, no multicast. `pace-ablation`
-(Fig. 5): naive | buffer (blending without the staleness decay) | buffer-multicast (and
-multicast) | none (full PACE, with the decay).
+c starts from sum_j W_cj phi_j; no blending, no decay, no multicast. `pfedgraph-style =
+authors` stores the aggregate instead, as the authors' pFedGraph does: after row i is
+solved (against the stored aggregates of the others), phi_i = sum_j W_ij phi_j (phi_i =
+theta_i in the sum) and a task for c starts from phi_c. `pace-ablation` (Fig. 5): naive |
+buffer (blending without the staleness decay) | buffer-multicast (and multicast) | none
+(full PACE, with the decay).
 
 Clients (`CosineToStart` below): cross-entropy + lambda (1 - cos(w, w_start)), SGD with
 momentum 0.9 and weight decay 1e-4. Memory on the server: n models and an n x n graph.
@@ -47,6 +50,7 @@ from fedstale.strategies.base import (
     Strategy,
     Update,
     View,
+    mean_model,
     pick_uniform,
     update_record,
 )
@@ -64,6 +68,7 @@ class PACEParams(KebabModel):
     pace_dispatch: Literal["random", "same-client"] = "random"
     pace_momentum: float = Field(0.9, ge=0, lt=1)
     pace_weight_decay: float = Field(1e-4, ge=0)
+    pfedgraph_style: Literal["ours", "authors"] = "ours"
 
 
 def project_to_simplex(values: np.ndarray) -> np.ndarray:
@@ -147,9 +152,27 @@ class PACE(Strategy):
         self.last_arrival: int | None = None
         self.decay = Staleness("poly", self.params.pace_a)
 
+    @classmethod
+    def check(cls, run: RunConfig, params: KebabModel) -> None:
+        assert isinstance(params, PACEParams)
+        if params.pfedgraph_style == "authors" and cls.ablation_of(params) != "naive":
+            raise ValueError(
+                "pfedgraph-style=authors is a form of the naive baseline: use "
+                "strategy=pfedgraph-async (or pace-ablation=naive)"
+            )
+
+    @classmethod
+    def ablation_of(cls, params: PACEParams) -> str:
+        return params.pace_ablation
+
     @property
     def ablation(self) -> str:
-        return self.params.pace_ablation
+        return self.ablation_of(self.params)
+
+    @property
+    def stores_aggregates(self) -> bool:
+        """The authors' pFedGraph: phi_i is client i's aggregate, not its trained model."""
+        return not self.blends and self.params.pfedgraph_style == "authors"
 
     @property
     def blends(self) -> bool:
@@ -191,8 +214,12 @@ class PACE(Strategy):
         )
 
     def model_for(self, client: int) -> np.ndarray:
-        if self.blends:
+        if self.blends or self.stores_aggregates:
             return self.phi[client]
+        return self.aggregate(client)
+
+    def aggregate(self, client: int) -> np.ndarray:
+        """sum_j W_cj phi_j (float64 sums, stored as float32)."""
         mixed = self.graph[client] @ self.phi.astype(np.float64)
         return mixed.astype(np.float32)
 
@@ -227,8 +254,10 @@ class PACE(Strategy):
         self.sequence_weight[client] = 0.0
         self.sequence_length[client] = 0
         self.graph[client] = self.solve_row(client, theta)
+        if self.stores_aggregates:
+            self.phi[client] = self.aggregate(client)
         alpha = self.blend(client, theta, tau) if self.blends else np.zeros(len(self.phi))
-        self.model = self.phi.mean(axis=0, dtype=np.float64).astype(np.float32)
+        self.model = mean_model(self.phi)
         outcome = Outcome(changed=True)
         group: list[int] = []
         if self.multicasts:
@@ -258,6 +287,6 @@ class PFedGraphAsync(PACE):
 
     name = "pfedgraph-async"
 
-    @property
-    def ablation(self) -> str:
+    @classmethod
+    def ablation_of(cls, params: PACEParams) -> str:
         return "naive"

@@ -20,11 +20,12 @@ from fedstale.strategies.fedfa import FedFa
 from fedstale.strategies.fedpsa import FedPSA
 from fedstale.strategies.fedqs import FedQSAvg, FedQSSGD, SaflFedAvg, SaflFedSGD
 from fedstale.strategies.hierfedavg import HierFedAvg
+from fedstale.strategies.local_only import LocalOnly
 from fedstale.strategies.mafsa import MAFSA
 from fedstale.strategies.pace import PACE, PFedGraphAsync
 
 RULES = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
-RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg, MAFSA, HierFedAvg)
+RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg, MAFSA, HierFedAvg, LocalOnly)
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in RULES}
 
 
