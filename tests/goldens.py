@@ -29,6 +29,7 @@ FILES = ("metrics.jsonl", "updates.jsonl")
 STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa", "pace"]
 STRATEGIES += ["pfedgraph-async", "fedqs-sgd", "fedqs-avg", "safl-fedsgd", "safl-fedavg"]
 STRATEGIES += ["mafsa", "hierfedavg"]
+STRATEGIES += ["local-only"]
 # Fashion-MNIST, 50 clients, 10 in flight, latencies uniform 10-500: the defaults, for
 # a tenth of a virtual day (about 340 updates).
 CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
