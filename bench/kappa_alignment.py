@@ -137,7 +137,7 @@ def main() -> None:
             "server-step": args.server_step,
             "dirichlet-alpha": args.alpha,
         }
-        run_job(Job(name, {}, config), args.days * DAY, str(args.out))
+        run_job(Job(name, {}, config), str(args.out), args.days * DAY)
         folder = args.out / name
     result = analyse(read_jsonl(folder / "updates.jsonl"), args.bin_width)
     label = folder.name

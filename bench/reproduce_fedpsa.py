@@ -5,6 +5,8 @@
     python -m bench.reproduce_fedpsa --suite ablation     # Table 6 (full / w/o T / w/o S / w/o T&S)
     python -m bench.reproduce_fedpsa --suite latency      # Table 4's latency settings
     python -m bench.reproduce_fedpsa --suite calibration  # Table 5: real vs Gaussian D_b
+    python -m bench.reproduce_fedpsa --full --alphas 0.1 --methods fedbuff,fedpsa \
+        --calib-labels self                               # Table 1's alpha 0.1, self labels
 
 Protocol (paper Sec. 6.1, FLGo's harness): linear model, 50 clients, concurrency 20%,
 latency uniform 10-500 per client, lr 0.01 decayed x0.999 per version, 5 local epochs,
@@ -302,11 +304,28 @@ def options(parser: argparse.ArgumentParser) -> None:
         default="spec",
         help="buffered rules' server step: as the papers write it, or FLGo's (x client lr)",
     )
+    parser.add_argument(
+        "--alphas", default=",".join(map(str, ALPHAS)), help="a comma-separated subset of alphas"
+    )
+    parser.add_argument(
+        "--calib-labels",
+        choices=("random", "self"),
+        default="random",
+        help="FedPSA's Gaussian calibration labels (fedpsa-calib-labels); table1 and latency",
+    )
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
     if unknown := set(args.methods.split(",")) - set(METHODS):
         parser.error(f"unknown methods {sorted(unknown)}; choose from {','.join(METHODS)}")
+    args.alpha_set = {float(a) for a in args.alphas.split(",")}
+    if unknown := args.alpha_set - set(ALPHAS):
+        parser.error(f"unknown alphas {sorted(unknown)}; choose from {ALPHAS}")
+    if args.calib_labels == "self" and args.suite not in ("table1", "latency"):
+        parser.error(
+            "--calib-labels self: table1 and latency only (the ablation and calibration "
+            "grids hold raw-parameter and real-batch runs, which keep their own labels)"
+        )
     if args.full:
         args.days, args.seeds = 10.0, 3
     args.budget = args.days * DAY
@@ -314,16 +333,18 @@ def check(args: Options, parser: argparse.ArgumentParser) -> None:
 
 def output(args: Options) -> Path:
     step = "" if args.server_step == "spec" else f"-{args.server_step}"
-    return args.out / f"{args.days:g}d-{args.seeds}seeds{step}"
+    labels = "" if args.calib_labels == "random" else f"-{args.calib_labels}-labels"
+    return args.out / f"{args.days:g}d-{args.seeds}seeds{step}{labels}"
 
 
 def suite(name: str) -> Suite:
     def jobs(args: Options) -> list[Job]:
         methods = args.methods.split(",")
         return [
-            replace(job, config={**job.config, "server-step": args.server_step})
+            replace(job, config={**job.config, **variant(job, args)})
             for job in SUITES[name](args.budget, args.seeds)
             if job.labels.get("method", "fedpsa") in methods
+            and job.config["dirichlet-alpha"] in args.alpha_set
         ]
 
     plot = plot_curves if name == "table1" else None
@@ -335,6 +356,14 @@ def suite(name: str) -> Suite:
         "accuracy.png",
         plot_empty=True,
     )
+
+
+def variant(job: Job, args: Options) -> dict[str, Any]:
+    """The run-config keys the command line sets on `job`."""
+    keys: dict[str, Any] = {"server-step": args.server_step}
+    if job.config["strategy"] == "fedpsa" and args.calib_labels != "random":
+        keys["fedpsa-calib-labels"] = args.calib_labels
+    return keys
 
 
 def runner(args: Options) -> Runner:

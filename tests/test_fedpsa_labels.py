@@ -158,3 +158,28 @@ def test_self_labels_alone_and_random_labels_with_anything_load() -> None:
     )
     for extra in ({"fedpsa-calib-source": "real"}, {"fedpsa-ablation": "no-both"}):
         load_config({"strategy": "fedpsa", "fedpsa-calib-labels": "random", **extra})
+
+
+def table1_jobs(*argv: str) -> tuple[list[Any], Any]:
+    from bench.reproduce import parser_for
+    from bench.reproduce_fedpsa import FEDPSA
+
+    parser = parser_for(FEDPSA)
+    args = parser.parse_args(list(argv))
+    FEDPSA.check(args, parser)
+    return FEDPSA.suites[args.suite].jobs(args), FEDPSA.out(args)
+
+
+def test_the_table1_grid_runs_self_labels_at_one_alpha_in_a_folder_of_its_own() -> None:
+    jobs, out = table1_jobs(
+        "--full", "--alphas", "0.1", "--methods", "fedbuff,fedpsa", "--calib-labels", "self"
+    )
+    assert out.name == "10d-3seeds-self-labels" and len(jobs) == 6
+    assert {j.config["dirichlet-alpha"] for j in jobs} == {0.1}
+    labels = {j.config["strategy"]: j.config.get("fedpsa-calib-labels") for j in jobs}
+    assert labels == {"fedbuff": None, "fedpsa": "self"}
+    jobs, out = table1_jobs("--full", "--methods", "fedpsa")
+    assert out.name == "10d-3seeds" and len(jobs) == 9
+    assert all("fedpsa-calib-labels" not in j.config for j in jobs)
+    with pytest.raises(SystemExit):
+        table1_jobs("--suite", "ablation", "--calib-labels", "self")
