@@ -11,7 +11,7 @@ import torch
 import fedstale.common.training as training
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.models import build_model, get_flat
-from fedstale.common.schema import SignalKeys, SignalSpec, TaskSpec
+from fedstale.common.schema import ReplyKeys, ScoreKeys, SignalKeys, SignalSpec, TaskSpec
 from fedstale.common.training import Optimiser, local_train
 from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
@@ -219,3 +219,24 @@ def test_every_task_names_its_strategys_client_rules() -> None:
         assert bool(declared) == (
             name in {"fedpsa", "pace", "pfedgraph-async", "fedqs-sgd", "fedqs-avg", "mafsa"}
         )
+
+
+def test_a_task_asked_for_a_score_reports_the_model_it_was_sent_and_trains_the_same() -> None:
+    """Per-client evaluation on a deployment: the train reply scores the model the task
+    carried on the client's own held-out split (as an evaluate message would) before
+    training, and the training is the same as without the ask."""
+    from fedstale.client_app.task import evaluate_task
+
+    cfg = run_config(dataset="digits", num_clients=3, test_split="local")
+    model, layout = client_model(cfg)
+    start = layout.unflatten(get_flat(model) + 0.01)
+    spec = TaskSpec(4, 0, lr=0.1, local_epochs=1, batch_size=16, seed=0)
+    asked, delta, _ = train_task(cfg, 1, {**spec.to_config(), ScoreKeys.ASK: 1}, start)
+    plain, plain_delta, _ = train_task(cfg, 1, spec.to_config(), start)
+    scored = evaluate_task(cfg, 1, {"task-id": 4}, start)
+    assert asked[ScoreKeys.ACCURACY] == scored["accuracy"]
+    assert asked[ScoreKeys.LOSS] == pytest.approx(scored["loss"])
+    assert ScoreKeys.ACCURACY not in plain and ScoreKeys.LOSS not in plain
+    assert asked[ReplyKeys.TRAIN_LOSS] == plain[ReplyKeys.TRAIN_LOSS]
+    for name in delta:
+        np.testing.assert_array_equal(delta[name], plain_delta[name])

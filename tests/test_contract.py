@@ -13,10 +13,17 @@ import numpy as np
 import pytest
 
 from fedstale.common.latency import profile_for
-from fedstale.common.schema import MSG_EVALUATE, MSG_QUERY, ReplyKeys, TaskKeys
+from fedstale.common.schema import (
+    MSG_EVALUATE,
+    MSG_QUERY,
+    MSG_TRAIN,
+    ReplyKeys,
+    ScoreKeys,
+    TaskKeys,
+)
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.evaluation import Scoreboard
-from fedstale.server_app.transport import Reply
+from fedstale.server_app.transport import Reply, SendRefused
 from fedstale.strategies.base import (
     EVAL_PER_CLIENT,
     NoParams,
@@ -214,6 +221,7 @@ class EvaluatingTransport(ScriptedTransport):
     never answers them."""
 
     simulated = False
+    score = staticmethod(toy_score)
 
     def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
         if message_type != MSG_EVALUATE:
@@ -224,7 +232,7 @@ class EvaluatingTransport(ScriptedTransport):
         self.sent.append((node_id, message_type, dict(config)))
         if client == 5:
             return msg_id
-        accuracy, loss = toy_score(client, np.concatenate([a.ravel() for a in arrays.values()]))
+        accuracy, loss = self.score(client, np.concatenate([a.ravel() for a in arrays.values()]))
         metrics = {
             ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
             ReplyKeys.PARTITION_ID: client,
@@ -247,11 +255,168 @@ def test_per_client_evaluation_on_a_deployment_goes_through_evaluate_messages(
     rows = engine.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
     assert all(r["clients"] == 5 for r in rows)  # client 5 never answered
+    assert all(r["from_train_replies"] == 0 for r in rows)  # no train reply reports a score
     mean, _ = expected_row(engine.strategy.model, 5)
     assert rows[-1]["accuracy"] == pytest.approx(mean)
-    evaluate_messages = [s for s in transport.sent if s[1] == MSG_EVALUATE]
-    assert len(evaluate_messages) == 6 * len(rows)
-    assert any("did not answer in time" in r.getMessage() for r in caplog.records)
+    asked = [transport.nodes[s[0]] for s in transport.sent if s[1] == MSG_EVALUATE]
+    assert sorted(asked).count(0) == len(rows)  # a client without scores: every evaluation
+    assert asked.count(5) < len(rows)  # one unanswered message at a time, not one per row
+    train = [s[2] for s in transport.sent if s[1] == MSG_TRAIN]
+    assert train and all(config[ScoreKeys.ASK] == 1 for config in train)
+    lines = [r.getMessage() for r in caplog.records if "did not answer in time" in r.getMessage()]
+    assert len(lines) == 1 and "client 5" in lines[0]  # once, however many rows it missed
+
+
+def flat(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([a.ravel() for a in arrays.values()])
+
+
+def age_score(client: int, model: np.ndarray) -> tuple[float, float]:
+    """A score that tells models of different versions apart (Personal's client c holds
+    version + c in every coordinate)."""
+    return float(model[0] % 97.0) / 97.0, float(client)
+
+
+class ReportingTransport(EvaluatingTransport):
+    """Answers evaluate messages with age_score (client 5 never does)."""
+
+    score = staticmethod(age_score)
+
+
+def scoring_reply(
+    sent: dict[int, tuple[int, float]], faults: Mapping[int, dict[str, Any]] | None = None
+) -> Any:
+    """Train replies that report age_score of the model their task carried when the task
+    asks (as fedstale's ClientApp does); `sent`: task id -> (client, that accuracy);
+    `faults`: task id -> metrics that overwrite the reply's."""
+
+    def train(partition: int, config: Mapping[str, Any], arrays: dict) -> tuple:
+        metrics, out = delta_reply(partition, config, arrays)
+        task = int(config[TaskKeys.TASK_ID])
+        if config.get(ScoreKeys.ASK):
+            accuracy, loss = age_score(partition, flat(arrays))
+            sent[task] = (partition, accuracy)
+            metrics |= {ScoreKeys.ACCURACY: accuracy, ScoreKeys.LOSS: loss}
+        metrics |= (faults or {}).get(task, {})
+        return metrics, out
+
+    return train
+
+
+def last_scores(engine: TaskHistoryEngine, sent: dict[int, tuple[int, float]], at: float) -> dict:
+    """Client -> (accuracy, version) of the model its last task handled before `at` carried."""
+    done = sorted((t.finishes_at, t.task_id) for t in engine.history.values() if t.finishes_at < at)
+    return {sent[i][0]: (sent[i][1], engine.history[i].version) for _, i in done if i in sent}
+
+
+def reporting_run(
+    strategy_cls: type[Strategy], seed: int, faults: Mapping[int, dict[str, Any]] | None = None
+) -> tuple[TaskHistoryEngine, ReportingTransport, dict[int, tuple[int, float]]]:
+    """A deployment-like run whose train replies report scores: engine, transport, and
+    task id -> (client, accuracy reported)."""
+    sent: dict[int, tuple[int, float]] = {}
+    transport = ReportingTransport(6, scoring_reply(sent, faults), seed=seed)
+    engine = engine_for(strategy_cls, transport, **{"task-timeout": 0.3})
+    engine.run_loop()
+    return engine, transport, sent
+
+
+def test_a_deployment_evaluation_uses_the_scores_train_replies_carry() -> None:
+    engine, transport, sent = reporting_run(Personal, seed=11)
+    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
+    assert rows[0]["from_train_replies"] == 0 and rows[0]["clients"] == 5  # 5 never answers
+    for row in rows[1:]:  # every client replies within 500: scores of the models as sent
+        scores = last_scores(engine, sent, row["virtual_time"])
+        assert row["clients"] == row["from_train_replies"] == 6
+        assert row["accuracy"] == pytest.approx(np.mean([a for a, _ in scores.values()]))
+        assert row["oldest_version"] == min(v for _, v in scores.values()) < row["version"]
+    asked = [s for s in transport.sent if s[1] == MSG_EVALUATE]
+    assert len(asked) == 6  # only the first evaluation, before any train reply, sends any
+
+
+class NeverClient2(Personal):
+    """Never gives client 2 a task: it stays idle the whole run."""
+
+    def plan(self, view: View, rng: np.random.Generator) -> Plan:
+        return Plan([self.assign(c, view) for c in view.idle[: view.capacity] if c != 2])
+
+
+def test_an_idle_client_still_gets_an_evaluate_message() -> None:
+    engine, transport, sent = reporting_run(NeverClient2, seed=12)
+    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    asked = [transport.nodes[s[0]] for s in transport.sent if s[1] == MSG_EVALUATE]
+    assert asked.count(2) == len(rows) == 7  # at every evaluation
+    assert len(asked) - asked.count(2) == 5  # the others only before their first reply
+    for row in rows[1:]:
+        assert row["clients"] == 6 and row["from_train_replies"] == 5
+        scores = [a for c, (a, _) in last_scores(engine, sent, row["virtual_time"]).items()]
+        assert len(scores) == 5
+        idle = age_score(2, np.full(3, row["version"] + 2.0))[0]  # its model at the row's version
+        assert row["accuracy"] == pytest.approx(np.mean([*scores, idle]))
+
+
+@pytest.mark.parametrize(
+    ("fault", "reason"),
+    [
+        ({ScoreKeys.ACCURACY: 1.5}, "'start-accuracy' = 1.5 is outside [0, 1]"),
+        ({ScoreKeys.LOSS: float("nan")}, "'start-loss' is not finite"),
+        ({ScoreKeys.ACCURACY: "high"}, "'start-accuracy' is str, expected float"),
+        ({ScoreKeys.LOSS: None}, "'start-loss' is NoneType, expected float"),
+    ],
+)
+def test_a_malformed_score_in_a_train_reply_is_rejected_and_logged(
+    fault: dict[str, Any], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine, _, _ = reporting_run(Personal, seed=13, faults={8: fault})
+    lines = [r.getMessage() for r in caplog.records if "rejected score" in r.getMessage()]
+    client = engine.history[8].client
+    assert lines == [
+        f"rejected score: node {engine.history[8].node}, task 8 (client {client}): metric {reason}"
+    ], lines
+    assert engine.counters.rejected == 0  # the update itself stands
+    assert 8 in {r["task"] for r in engine.recorder.updates}  # type: ignore[attr-defined]
+    assert len(engine.recorder.metrics) == 7  # type: ignore[attr-defined]
+    accounted(engine)
+
+
+class DeadEvaluator(EvaluatingTransport):
+    """Client 5's node is dead to evaluate messages: each gets Flower's error reply, or
+    (`refuse`) the SuperLink refuses it."""
+
+    def __init__(self, *args: Any, refuse: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.refuse = refuse
+        self.failed = 0
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        if message_type != MSG_EVALUATE or self.nodes[node_id] != 5:
+            return super().send(node_id, message_type, config, arrays, sets)
+        self.failed += 1
+        if self.refuse:
+            raise SendRefused(f"the SuperLink refused a evaluate message to node {node_id}")
+        msg_id = f"dead{self.failed}"
+        reason = "Error: Node Unavailable - no heartbeat"
+        self.pending[msg_id] = (0, Reply(msg_id, error_code=5, error=reason))
+        return msg_id
+
+
+@pytest.mark.parametrize("refuse", [False, True])
+def test_a_dead_nodes_evaluation_failures_are_logged_once(
+    refuse: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    transport = DeadEvaluator(6, delta_reply, seed=14, refuse=refuse)
+    engine = engine_for(Personal, transport, **{"task-timeout": 0.3})
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine.run_loop()
+    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    assert transport.failed == len(rows) == 7  # asked at every evaluation, failed every time
+    assert all(row["clients"] == 5 for row in rows)
+    lines = [r.getMessage() for r in caplog.records if "evaluation of client" in r.getMessage()]
+    node = next(n for n, c in transport.nodes.items() if c == 5)
+    cause = "not sent: the SuperLink refused" if refuse else "rejected: error reply (code 5)"
+    assert len(lines) == 1 and f"client 5 (node {node}) {cause}" in lines[0], lines
 
 
 def test_global_strategies_can_be_scored_per_client_too() -> None:

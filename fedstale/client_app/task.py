@@ -22,7 +22,7 @@ from fedstale.common.models import (
 )
 from fedstale.common.objectives import objective
 from fedstale.common.records import ArraySets
-from fedstale.common.schema import RETURN_DELTA, ReplyKeys, TaskKeys, TaskSpec
+from fedstale.common.schema import RETURN_DELTA, ReplyKeys, ScoreKeys, TaskKeys, TaskSpec
 from fedstale.common.threads import on_client_threads
 from fedstale.common.training import Optimiser, local_train
 from fedstale.strategies.client import LocalTask, rules_named
@@ -55,6 +55,7 @@ def train_task(
     model, layout = client_model(cfg)
     start = layout.flatten(dict(arrays))
     set_flat(model, start)
+    score = start_score(cfg, partition, model) if spec.extra.get(ScoreKeys.ASK) else {}
     task = LocalTask(
         cfg,
         partition,
@@ -98,6 +99,7 @@ def train_task(
         ReplyKeys.PARTITION_ID: partition,
         ReplyKeys.NUM_EXAMPLES: len(y),
         ReplyKeys.TRAIN_LOSS: loss,
+        **score,
         **task.signals,
     }
     metrics[ReplyKeys.COMPUTE_SECONDS] = time.perf_counter() - started
@@ -108,6 +110,25 @@ def train_task(
     return metrics, result, outputs
 
 
+def holdout_score(
+    cfg: RunConfig, partition: int, model: torch.nn.Module
+) -> tuple[float, float, int]:
+    """(metric, mean loss, samples) of `model` on this client's own held-out split."""
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in client_holdout(cfg, partition))
+    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size, objective(cfg.loss, cfg.metric))
+    return accuracy, loss, len(y)
+
+
+def start_score(cfg: RunConfig, partition: int, model: torch.nn.Module) -> dict[str, float]:
+    """The reply metrics scoring the model a task was sent, before it trains (a deployment's
+    per-client evaluation asks for them with ScoreKeys.ASK); the model's mode is restored."""
+    training = model.training
+    accuracy, loss, _ = holdout_score(cfg, partition, model)
+    model.train(training)
+    return {ScoreKeys.ACCURACY: accuracy, ScoreKeys.LOSS: loss}
+
+
 @on_client_threads
 def evaluate_task(
     cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
@@ -115,14 +136,11 @@ def evaluate_task(
     """Score `arrays` on this client's own held-out split."""
     model, layout = client_model(cfg)
     set_flat(model, layout.flatten(dict(arrays)))
-    device = next(model.parameters()).device
-    x, y = (t.to(device) for t in client_holdout(cfg, partition))
-    scoring = objective(cfg.loss, cfg.metric)
-    accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size, scoring)
+    accuracy, loss, samples = holdout_score(cfg, partition, model)
     return {
         ReplyKeys.TASK_ID: int(config[TaskKeys.TASK_ID]),
         ReplyKeys.PARTITION_ID: partition,
-        ReplyKeys.NUM_EXAMPLES: len(y),
+        ReplyKeys.NUM_EXAMPLES: samples,
         ReplyKeys.ACCURACY: accuracy,
         ReplyKeys.LOSS: loss,
     }

@@ -6,7 +6,9 @@ Client -> server: ArrayRecord `arrays` (delta or model, as the task asks), the n
 the strategy asks for under `arrays.<name>`, and MetricRecord `metrics` (ReplyKeys plus
 strategy signals). A `query` message asks a node which client (partition) it serves; a
 node that cannot say answers with a ConfigRecord `config` holding `problem`. An `evaluate`
-message scores the model it carries on the node's own held-out split.
+message scores the model it carries on the node's own held-out split. On a real
+deployment with per-client evaluation a train message may ask (ScoreKeys.ASK) for the same
+score of the model it carries, taken before training and sent back in the train reply.
 """
 
 from __future__ import annotations
@@ -101,6 +103,16 @@ class ReplyKeys:
     ACCURACY = "accuracy"
     LOSS = "loss"
     PROBLEM = "problem"  # ConfigRecord entry of a query reply from a misconfigured node
+
+
+class ScoreKeys:
+    """Per-client evaluation carried by train messages (a real deployment): the task asks
+    the client to score the model it was sent on its own held-out split before it trains;
+    the reply's metrics carry that score."""
+
+    ASK = "score-start"  # task config: 1 asks for the score
+    ACCURACY = "start-accuracy"  # reply: the metric (accuracy) of the model as sent
+    LOSS = "start-loss"  # reply: its mean loss
 
 
 class InvalidReply(ValueError):
@@ -269,11 +281,24 @@ def check_arrays(
             raise InvalidReply(f"array '{name}' holds NaN or Inf")
 
 
+def _require_accuracy(metrics: Mapping[str, Any], key: str) -> float:
+    accuracy = _require_float(metrics, key)
+    if not 0.0 <= accuracy <= 1.0:
+        raise InvalidReply(f"metric '{key}' = {accuracy} is outside [0, 1]")
+    return accuracy
+
+
+def parse_start_score(metrics: Mapping[str, Any]) -> tuple[float, float] | None:
+    """The (accuracy, loss) a train reply reports for the model it was sent, None when it
+    reports none; raises InvalidReply when the score is there but does not hold up."""
+    if ScoreKeys.ACCURACY not in metrics and ScoreKeys.LOSS not in metrics:
+        return None
+    return _require_accuracy(metrics, ScoreKeys.ACCURACY), _require_float(metrics, ScoreKeys.LOSS)
+
+
 def parse_eval_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
     """Validate an evaluate reply's MetricRecord; raises InvalidReply naming the first fault."""
-    accuracy = _require_float(metrics, ReplyKeys.ACCURACY)
-    if not 0.0 <= accuracy <= 1.0:
-        raise InvalidReply(f"metric '{ReplyKeys.ACCURACY}' = {accuracy} is outside [0, 1]")
+    accuracy = _require_accuracy(metrics, ReplyKeys.ACCURACY)
     return {
         ReplyKeys.TASK_ID: _require_int(metrics, ReplyKeys.TASK_ID, 0),
         ReplyKeys.PARTITION_ID: _require_int(metrics, ReplyKeys.PARTITION_ID, 0),

@@ -198,7 +198,7 @@ class Engine:
             local_steps=run.local_steps,
             optimizer=run.optimizer,
             rules=tuple(rule.name for rule in self.strategy.client_rules),
-            extra=assignment.entries,
+            extra={**assignment.entries, **self.scores.task_entries()},
         )
         return replace(spec, **assignment.settings)
 
@@ -300,6 +300,7 @@ class Engine:
             return
         finally:
             self.contract.forget(task.task_id)
+        self.scores.take(task, reply.metrics, self.clock.now())
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
             outcome = self.strategy.on_update(update, view)

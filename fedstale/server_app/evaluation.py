@@ -2,36 +2,31 @@
 client on that client's own held-out split (mean and std over clients).
 
 Per-client scores come from the server itself where the federation is simulated (Flower
-simulation, in-process: every split can be rebuilt from the seed), or from Flower
-`evaluate` messages on a real deployment, collected while training goes on; such an
-evaluation is written once every client has answered, failed, or run out of time.
+simulation, in-process: every split can be rebuilt from the seed). On a real deployment
+they come from the clients (reports.py): each scores the model it was sent before it
+trains and reports it in its train reply; only clients without such a score in the last
+interval get an `evaluate` message. Such an evaluation is written once every client it
+asked has answered, failed, or run out of time.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
 from fedstale.common.config import RunConfig
 from fedstale.common.models import ParamLayout
-from fedstale.common.schema import (
-    MSG_EVALUATE,
-    InvalidReply,
-    ReplyKeys,
-    TaskKeys,
-    parse_eval_metrics,
-)
+from fedstale.server_app.clock import Task
 from fedstale.server_app.nodes import Nodes
-from fedstale.server_app.transport import Reply, SendRefused, Transport
+from fedstale.server_app.reports import ClientReports, Pending
+from fedstale.server_app.transport import Transport
 from fedstale.strategies.base import EVAL_PER_CLIENT, Strategy
 
-log = logging.getLogger("fedstale")
 Evaluator = Callable[[np.ndarray], tuple[float, float]]  # global model -> (accuracy, loss)
 ClientScorer = Callable[[int, np.ndarray], tuple[float, float]]  # client, model -> same
 
@@ -47,19 +42,11 @@ class Evaluation:
     accuracy_std: float | None = None  # per-client evaluation only
     loss_std: float | None = None
     clients: int | None = None
+    from_train_replies: int | None = None  # per-client evaluation by message only
+    oldest_version: int | None = None
 
     def row(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if v is not None}
-
-
-@dataclass
-class Pending:
-    """A per-client evaluation waiting for evaluate replies."""
-
-    evaluation: Evaluation
-    waiting: dict[str, int]  # message id -> client
-    deadline: float
-    scores: dict[int, tuple[float, float]] = field(default_factory=dict)
 
 
 def over_clients(evaluation: Evaluation, scores: list[tuple[float, float]]) -> Evaluation:
@@ -88,8 +75,6 @@ class Scoreboard:
     ) -> None:
         self.run = run
         self.strategy = strategy
-        self.transport = transport
-        self.layout = layout
         self.evaluator = evaluator
         self.scorer = scorer
         target = strategy.evaluates if run.eval_target == "auto" else run.eval_target
@@ -100,12 +85,16 @@ class Scoreboard:
         self.by_message = self.per_client and where == "clients"
         if self.per_client and not self.by_message and scorer is None:
             raise ValueError("per-client evaluation on the server needs a client scorer")
+        self.reports = ClientReports(run, strategy, transport, layout) if self.by_message else None
         self.done: list[Evaluation] = []
-        self.pending: list[Pending] = []
         self.requests = 0
         self.target_hit = False
         self.time_to_target: float | None = None
         self.on_result: Callable[[Evaluation], None] = lambda evaluation: None
+
+    @property
+    def pending(self) -> list[Pending]:
+        return self.reports.pending if self.reports else []
 
     @property
     def latest(self) -> Evaluation | None:
@@ -114,76 +103,36 @@ class Scoreboard:
             return self.pending[-1].evaluation
         return self.done[-1] if self.done else None
 
+    def task_entries(self) -> dict[str, Any]:
+        """What every train message carries for the evaluation (nothing but on a real
+        deployment's per-client evaluation: the ask for the score of its model)."""
+        return self.reports.task_entries() if self.reports else {}
+
+    def take(self, task: Task, metrics: Mapping[str, Any], now: float) -> None:
+        """A valid train reply came in at clock time `now`: keep the score it reports."""
+        if self.reports:
+            self.reports.take(task, metrics, now)
+
     def evaluate(self, evaluation: Evaluation, nodes: Nodes) -> None:
         """Score the models for `evaluation` (its accuracy and loss are filled in)."""
         self.requests += 1
         if not self.per_client:
             evaluation.accuracy, evaluation.loss = self.evaluator(self.strategy.model)
             self.finish(evaluation)
-        elif not self.by_message:
+        elif self.reports is None:
             assert self.scorer is not None
             scores = [
                 self.scorer(c, self.strategy.model_of(c)) for c in range(self.run.num_clients)
             ]
             self.finish(over_clients(evaluation, scores))
         else:
-            self.send(evaluation, nodes)
-
-    def send(self, evaluation: Evaluation, nodes: Nodes) -> None:
-        waiting = {}
-        for client in nodes.clients:
-            arrays = self.layout.unflatten(self.strategy.model_of(client))
-            config = {TaskKeys.TASK_ID: self.requests}
-            try:
-                waiting[
-                    self.transport.send(nodes.node_of[client], MSG_EVALUATE, config, arrays)
-                ] = client
-            except SendRefused as err:
-                log.warning("evaluation of client %d not sent: %s", client, err)
-        timeout = self.run.task_timeout or self.run.task_ttl
-        self.pending.append(Pending(evaluation, waiting, time.monotonic() + timeout))
-        self.collect()
+            self.reports.start(evaluation, nodes)
+            self.collect()
 
     def collect(self) -> None:
-        """Take the evaluate replies that are in; write the evaluations that are complete."""
-        wanted = [m for p in self.pending for m in p.waiting]
-        replies = {r.msg_id: r for r in self.transport.receive(wanted)} if wanted else {}
-        now = time.monotonic()
-        for pending in self.pending:
-            for msg_id in [m for m in pending.waiting if m in replies]:
-                client = pending.waiting.pop(msg_id)
-                score = self.check(client, replies[msg_id])
-                if score is not None:
-                    pending.scores[client] = score
-            if pending.waiting and now > pending.deadline:
-                log.warning(
-                    "evaluation at t=%.0f: %d clients did not answer in time; scored without them",
-                    pending.evaluation.virtual_time,
-                    len(pending.waiting),
-                )
-                pending.waiting.clear()
-        while self.pending and not self.pending[0].waiting:
-            first = self.pending.pop(0)
-            scores = [first.scores[c] for c in sorted(first.scores)]
-            self.finish(over_clients(first.evaluation, scores))
-
-    @staticmethod
-    def check(client: int, reply: Reply) -> tuple[float, float] | None:
-        reason = reply.invalid or (
-            f"error reply (code {reply.error_code}): {reply.error}"
-            if reply.error_code is not None
-            else ""
-        )
-        if not reason:
-            try:
-                metrics = parse_eval_metrics(reply.metrics)
-                if metrics[ReplyKeys.PARTITION_ID] != client:
-                    raise InvalidReply(f"reply claims client {metrics[ReplyKeys.PARTITION_ID]}")
-                return metrics[ReplyKeys.ACCURACY], metrics[ReplyKeys.LOSS]
-            except InvalidReply as err:
-                reason = str(err)
-        log.warning("evaluation of client %d rejected: %s", client, reason)
-        return None
+        """Write the per-client evaluations that are complete."""
+        for pending in self.reports.collect() if self.reports else []:
+            self.finish(from_clients(pending))
 
     def finish(self, evaluation: Evaluation) -> None:
         self.done.append(evaluation)
@@ -199,3 +148,13 @@ class Scoreboard:
             self.collect()
             if self.pending:
                 time.sleep(poll)
+
+
+def from_clients(pending: Pending) -> Evaluation:
+    """An evaluation from the scores clients reported: mean and std over them, how many
+    came from train replies, and the oldest model version among them."""
+    scores = [pending.scores[c] for c in sorted(pending.scores)]
+    evaluation = over_clients(pending.evaluation, [(s.accuracy, s.loss) for s in scores])
+    evaluation.from_train_replies = sum(s.from_training for s in scores)
+    evaluation.oldest_version = min((s.version for s in scores), default=evaluation.version)
+    return evaluation
