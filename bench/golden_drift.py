@@ -1,17 +1,19 @@
 """How far the golden runs drift when the CPU's kernels change, and the tolerances the golden
 test allows (tests/golden/tolerances.json).
 
-    python -m bench.golden_drift [--jobs 2] [--write]
+    python -m bench.golden_drift [--jobs 2] [--write] [--only NAME ...]
 
 Each setting below reruns every golden config (tests/goldens.py) in a fresh process whose
 environment picks other kernels: torch's ATen vector width, MKL's instruction set, numpy's
 OpenBLAS core type. Against the recorded files, every integer, string and virtual time must
 be equal (else the event sequence itself depends on the CPU, and this design does not
-hold: exit 1). For every float field the largest relative drift over all settings is
-printed; with `--write` the tolerance becomes FACTOR times it, rounded up to one significant
-digit (a field that never drifted is compared to a few ulps), and accuracies are allowed
-ACCURACY_FLOOR whatever was measured, since an accuracy is a count of predictions: a logit
-margin below the drift flips one (none seen here; FedQS and PACE drift most).
+hold: exit 1). `--only` reruns some golden runs (those whose files were rewritten) and,
+with `--write`, replaces their tolerances and keeps the others'. For every float field the
+largest relative drift over all settings is printed; with `--write` the tolerance becomes
+FACTOR times it, rounded up to one significant digit (a field that never drifted is
+compared to a few ulps), and accuracies are allowed ACCURACY_FLOOR whatever was measured,
+since an accuracy is a count of predictions: a logit margin below the drift flips one
+(none seen here; FedQS and PACE drift most).
 
 FACTOR = 100 is headroom for CPUs that differ more than these settings do (another vector
 width, an aarch64 build without MKL): the recorded files come from another x86 machine, and
@@ -62,12 +64,12 @@ ACCURACY_FIELDS = ("accuracy", "accuracy_std")
 Drifts = dict[str, dict[str, dict[str, float]]]  # strategy -> file -> field -> drift
 
 
-def record(out: Path) -> None:
-    """Every golden run, in this process, into out/<strategy>/."""
+def record(out: Path, names: list[str]) -> None:
+    """The golden runs `names`, in this process, into out/<strategy>/."""
     import logging
 
     logging.disable(logging.WARNING)
-    for strategy in STRATEGIES:
+    for strategy in names:
         texts = produce(strategy, out / "runs")
         (out / strategy).mkdir(parents=True, exist_ok=True)
         for name, text in texts.items():
@@ -75,21 +77,22 @@ def record(out: Path) -> None:
         print(f"  {strategy}", file=sys.stderr, flush=True)
 
 
-def record_under(setting: str, out: Path) -> Path:
+def record_under(setting: str, out: Path, names: list[str]) -> Path:
     env = {**os.environ, **SETTINGS[setting], "FEDSTALE_UPDATE_GOLDEN": ""}
     target = out / setting
     command = [sys.executable, "-m", "bench.golden_drift", "--record", str(target)]
+    command += ["--only", *names]
     print(f"{setting}: {' '.join(f'{k}={v}' for k, v in SETTINGS[setting].items())}")
     subprocess.run(command, env=env, check=True, cwd=Path(__file__).resolve().parent.parent)
     return target
 
 
-def drift_of(folder: Path) -> tuple[Drifts, list[str]]:
+def drift_of(folder: Path, names: list[str]) -> tuple[Drifts, list[str]]:
     """Each float field's largest relative drift against the recorded files, and every
     difference of what must be exact."""
     drifts: Drifts = {}
     exact: list[str] = []
-    for strategy in STRATEGIES:
+    for strategy in names:
         golden = recorded(strategy)
         for name in FILES:
             produced = (folder / strategy / name).read_text()
@@ -143,18 +146,27 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=2, help="settings recorded at once")
     parser.add_argument("--write", action="store_true", help=f"write {TOLERANCES.name}")
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=STRATEGIES,
+        default=STRATEGIES,
+        metavar="NAME",
+        help="these golden runs alone (with --write, the others' tolerances are kept)",
+    )
     parser.add_argument("--record", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    names = list(args.only)
     if args.record:
-        record(args.record)
+        record(args.record, names)
         return 0
     with tempfile.TemporaryDirectory(prefix="golden-drift-") as tmp:
         with ThreadPoolExecutor(args.jobs) as pool:
-            folders = list(pool.map(lambda s: record_under(s, Path(tmp)), SETTINGS))
+            folders = list(pool.map(lambda s: record_under(s, Path(tmp), names), SETTINGS))
         total: Drifts = {}
         broken: list[str] = []
         for setting, folder in zip(SETTINGS, folders, strict=True):
-            drifts, exact = drift_of(folder)
+            drifts, exact = drift_of(folder, names)
             merge(total, drifts)
             broken += [f"{setting}: {line}" for line in exact]
     for strategy, files in total.items():
@@ -166,13 +178,16 @@ def main(argv: list[str] | None = None) -> int:
         print("\n".join(["exact fields differ:", *broken[:20]]))
         return 1
     if args.write:
+        kept = json.loads(TOLERANCES.read_text()) if names != STRATEGIES else {}
+        for part in ("measured", "tolerance"):  # the rerun runs' entries are replaced whole
+            kept[part] = {k: v for k, v in kept.get(part, {}).items() if k not in names}
         document = {
             "how": "python -m bench.golden_drift --write (its docstring says how)",
             "machine": machine(),
             "settings": SETTINGS,
             "factor": FACTOR,
-            "measured": total,
-            "tolerance": tolerances(total),
+            "measured": {**kept.get("measured", {}), **total},
+            "tolerance": {**kept.get("tolerance", {}), **tolerances(total)},
         }
         TOLERANCES.write_text(json.dumps(document, indent=1, sort_keys=True) + "\n")
         print(f"wrote {TOLERANCES}")

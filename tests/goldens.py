@@ -28,7 +28,7 @@ TOLERANCES = GOLDEN / "tolerances.json"
 FILES = ("metrics.jsonl", "updates.jsonl")
 STRATEGIES = ["fedavg", "fedasync", "fedbuff", "ca2fl", "fedfa", "fedpsa", "pace"]
 STRATEGIES += ["pfedgraph-async", "fedqs-sgd", "fedqs-avg", "safl-fedsgd", "safl-fedavg"]
-STRATEGIES += ["mafsa", "hierfedavg"]
+STRATEGIES += ["mafsa", "hierfedavg", "fedbuff-proportional"]
 STRATEGIES += ["local-only"]
 # Fashion-MNIST, 50 clients, 10 in flight, latencies uniform 10-500: the defaults, for
 # a tenth of a virtual day (about 340 updates).
@@ -36,6 +36,15 @@ CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
 # The hierarchical rules: every client at once, 20 steps of 20, 10% dropouts, 3,000 units.
 HIERARCHY = {"concurrency": 50, "local-steps": 20, "batch-size": 20, "dropout-rate": 0.1}
 OVERRIDES = {name: {**HIERARCHY, "max-virtual-time": 3000.0} for name in ("mafsa", "hierfedavg")}
+# Latency proportional to local work, on clients of unequal sizes (per-class Dirichlet).
+OVERRIDES["fedbuff-proportional"] = {
+    "strategy": "fedbuff",
+    "latency": "proportional",
+    "latency-network": 5.0,
+    "latency-jitter": 0.1,
+    "dirichlet-convention": "per-class",
+    "max-virtual-time": 4320.0,
+}
 # Virtual times come from the seeded latency draws, never from a model: exact.
 EXACT_FLOATS = {"time", "virtual_time"}
 # A field that did not drift in any measured setting may still differ by a few ulps
@@ -44,13 +53,14 @@ ULPS = 1e-12
 Row = dict[str, Any]
 
 
-def golden_values(strategy: str, runs_dir: Path) -> dict[str, Any]:
-    """The run config of `strategy`'s golden run, its results under `runs_dir`."""
+def golden_values(name: str, runs_dir: Path) -> dict[str, Any]:
+    """The run config of golden run `name` (a strategy's name unless its overrides name
+    the strategy), its results under `runs_dir`."""
     return {
         **CONFIG,
-        **OVERRIDES.get(strategy, {}),
-        "strategy": strategy,
-        "run-name": strategy,
+        "strategy": name,
+        **OVERRIDES.get(name, {}),
+        "run-name": name,
         "runs-dir": str(runs_dir),
     }
 

@@ -13,9 +13,12 @@ import numpy as np
 import pytest
 
 from fedstale.common import data
+from fedstale.common.config import ConfigError
 from fedstale.common.download import DownloadError, RemoteFile, fetch
-from fedstale.common.latency import client_latencies, profile_for
+from fedstale.common.latency import client_latencies, device_factors, profile_for
 from fedstale.common.partition import partition, split_validation
+from fedstale.common.schema import TaskSpec
+from fedstale.common.training import local_train, step_count
 from tests.helpers import run_config
 
 
@@ -202,6 +205,72 @@ def test_latency_profiles() -> None:
     base = profile.base[2]
     assert min(draws) >= 0.8 * base and max(draws) <= 1.2 * base and len(set(draws)) > 1
     assert profile.task_latency(2, 7) == profile.task_latency(2, 7)
+
+
+def task(epochs: int = 2, batch: int = 64, steps: int = 0) -> TaskSpec:
+    return TaskSpec(0, 0, 0.1, epochs, batch, 0, local_steps=steps)
+
+
+def test_proportional_latency_is_steps_times_step_time_times_device_factor() -> None:
+    """Clients of 100 and 30 samples, 2 epochs of batch 64: 2 x 2 and 2 x 1 steps; 1.5
+    units a step; half the clients (one) 3x slower; 10 units of network."""
+    run = run_config(
+        num_clients=2,
+        concurrency=1,
+        latency="proportional",
+        latency_step_time=1.5,
+        slow_fraction=0.5,
+        slow_factor=3.0,
+        latency_network=10.0,
+    )
+    profile = profile_for(run, np.array([100, 30]))
+    factors = device_factors(2, run.seed, 0.5, 3.0)
+    assert sorted(factors) == [1.0, 3.0]
+    assert profile.task_latency(0, 0, task()) == 4 * 1.5 * factors[0] + 10
+    assert profile.task_latency(1, 0, task()) == 2 * 1.5 * factors[1] + 10
+    assert profile.task_latency(1, 0, task(epochs=5)) == 5 * 1.5 * factors[1] + 10
+    assert profile.task_latency(0, 0, task(steps=7)) == 7 * 1.5 * factors[0] + 10
+    with pytest.raises(ConfigError, match="latency=proportional needs each client's data size"):
+        profile_for(run)
+
+
+def test_proportional_latency_jitters_and_takes_slow_fraction_from_the_seed() -> None:
+    run = run_config(num_clients=100, latency="proportional", latency_jitter=0.2)
+    factors = device_factors(100, run.seed, run.slow_fraction, run.slow_factor)
+    assert (factors == 5.0).sum() == 30 and (factors == 1.0).sum() == 70  # the defaults
+    assert not np.array_equal(factors, device_factors(100, run.seed + 1, 0.3, 5.0))
+    profile = profile_for(run, np.full(100, 640))
+    draws = [profile.task_latency(3, t, task()) for t in range(40)]
+    exact = 20 * factors[3]
+    assert min(draws) >= 0.8 * exact and max(draws) <= 1.2 * exact and len(set(draws)) > 1
+
+
+@pytest.mark.parametrize(
+    ("n", "epochs", "batch", "steps"), [(130, 2, 64, 0), (5, 3, 2, 0), (9, 1, 4, 7), (0, 2, 4, 3)]
+)
+def test_step_count_is_what_local_train_steps(n: int, epochs: int, batch: int, steps: int) -> None:
+    import torch
+
+    taken: list[int] = []
+
+    def counter(model: torch.nn.Module) -> torch.Tensor:
+        taken.append(1)
+        return torch.zeros(())
+
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(n, 3), torch.randint(0, 2, (n,))
+    local_train(
+        model,
+        x,
+        y,
+        epochs=epochs,
+        batch_size=batch,
+        lr=0.1,
+        seed=0,
+        steps=steps,
+        loss_terms=[counter],
+    )
+    assert len(taken) == step_count(n, epochs, batch, steps)
 
 
 def test_client_share_disk_cache_gives_the_same_data(

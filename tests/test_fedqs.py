@@ -156,6 +156,22 @@ def test_first_aggregation_sets_counts_speeds_and_thresholds() -> None:
     assert strategy.speed_ths == 1.0 and strategy.theta_ths == 0.0  # no angle yet
 
 
+def test_every_aggregated_clients_speed_is_refreshed_not_only_the_ks() -> None:
+    """counts [3, 2, 1] after a second aggregation of clients 0, 0, 1: the mean count is
+    6 / 3 = 2, so speeds [1.5, 1.0, 0.5]; client 2, not in that aggregation, moves too."""
+    strategy = fedqs()
+    for client in range(3):
+        strategy.assign(client, V0)
+        strategy.on_update(reply(client, [1, 0, 0, 0], 100, 0.0), V0)
+    for client in (0, 0, 1):
+        strategy.assign(client, V0)
+        strategy.on_update(reply(client, [0, 1, 0, 0], 100, 0.0), V0)
+    np.testing.assert_array_equal(strategy.count, [3, 2, 1])
+    np.testing.assert_allclose(strategy.speed, [1.5, 1.0, 0.5])
+    assert strategy.speed_ths == pytest.approx(1.0)
+    np.testing.assert_array_equal(q.refreshed_speeds(np.array([0, 2, 2]), 4), [0, 2, 2])
+
+
 def test_the_angle_at_dispatch_uses_the_two_newest_models_and_the_last_delta() -> None:
     strategy = fedqs()
     for client in range(3):

@@ -115,12 +115,14 @@ class RunConfig(KebabModel):
     trainer: Literal["auto", "autograd"] = "auto"
 
     clock: Literal["virtual", "wall"] = "virtual"
-    latency: Literal["uniform", "long-tail", "slow-fraction"] = "uniform"
+    latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
     latency_min: float = Field(10.0, gt=0)
     latency_max: float = Field(500.0, gt=0)
     slow_fraction: float = Field(0.3, ge=0, le=1)
     slow_factor: float = Field(5.0, ge=1)
     latency_jitter: float = Field(0.0, ge=0, lt=1)
+    latency_step_time: float = Field(1.0, gt=0)
+    latency_network: float = Field(0.0, ge=0)
 
     max_virtual_time: float = Field(43200.0, ge=0)
     max_versions: int = Field(0, ge=0)

@@ -80,6 +80,16 @@ def local_train(
     return last_pass_loss
 
 
+def step_count(num_samples: int, epochs: int, batch_size: int, steps: int = 0) -> int:
+    """How many minibatch steps `local_train` takes on `num_samples` rows: `steps` when
+    set (none without data), else `epochs` passes of ceil(num_samples / batch_size)."""
+    if num_samples <= 0:
+        return 0
+    if steps > 0:
+        return steps
+    return epochs * -(-num_samples // batch_size)
+
+
 def make_optimizer(
     params: list[nn.Parameter], lr: float, optimiser: Optimiser
 ) -> torch.optim.Optimizer:

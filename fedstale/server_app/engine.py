@@ -223,7 +223,7 @@ class Engine:
             return
         self.next_task_id += 1
         self.contract.sent(task_id, assignment.models[ARRAYS])
-        latency = self.latency.task_latency(client, task_id)
+        latency = self.latency.task_latency(client, task_id, spec)
         timeout = self.run.task_timeout
         self.book.add(
             Task(

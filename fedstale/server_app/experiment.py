@@ -244,8 +244,9 @@ def record_run(
     model = run_model(run)  # the one model the server scores and sketches with
     layout = ParamLayout.of(model)
     strategy = build_strategy(run, params, get_flat(model))
-    strategy.bind(setup_for(run, model, layout))
-    latency = profile_for(run)
+    setup = setup_for(run, model, layout)
+    strategy.bind(setup)
+    latency = profile_for(run, setup.client_sizes)
     factors = strategy.latency_factors()
     if factors is not None:
         latency = replace(latency, base=latency.base * factors)

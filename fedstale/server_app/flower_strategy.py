@@ -101,7 +101,8 @@ class AsyncStrategy(FlowerStrategy):
         self.settings = {key.replace("_", "-"): value for key, value in settings.items()}
         self.check_client_halves()
         placeholder = max(self.min_available_nodes, int(self.settings.get("concurrency", 2)))
-        self.run_config(num_clients or placeholder, 1, 3600.0, {})
+        run, _ = self.run_config(num_clients or placeholder, 1, 3600.0, {})
+        profile_for(run)  # a latency profile it cannot simulate is refused here, not at start
 
     # ---------------------------------------------------------------- configuration
     def check_client_halves(self) -> None:

@@ -98,6 +98,16 @@ def new_lr(kind: str, lr: float, factor: float, a: float, bounds: tuple[float, f
     return min(bounds[1], max(bounds[0], lr + step))
 
 
+def refreshed_speeds(count: np.ndarray, num_clients: int) -> np.ndarray:
+    """speed_i = f_i / (sum_j f_j / N) for every client aggregated at least once, after every
+    aggregation (the authors' code refreshes all of them, not only the K just aggregated:
+    the mean count moves for everyone); 0 for a client never aggregated."""
+    total = float(count.sum())
+    if total == 0:
+        return np.zeros(len(count))
+    return count / (total / num_clients)
+
+
 def speed_factor(speed: float, speed_ths: float, cap: float = 9.0) -> float:
     """F = min(speed_ths / speed_i, 9)."""
     return min(speed_ths / speed, cap)
@@ -425,8 +435,7 @@ class FedQSSGD(KFifo):
             )
         self.previous_model = self.model
         self.apply(batch, weights)
-        for client in clients:
-            self.speed[client] = self.count[client] / (total / self.run.num_clients)
+        self.speed = refreshed_speeds(self.count, self.run.num_clients)
         self.speed_ths = mean_nonzero(self.speed)
         self.theta_ths = mean_nonzero(self.theta)
         return weights
