@@ -1,7 +1,7 @@
 """FedPSA's calibration labels: kappa's spread and the weights, `fedpsa-calib-labels` random
 against self, on the linear model and on LeNet.
 
-    python -m bench.fedpsa_labels                       # 4 cells, about 10 min of CPU here
+    python -m bench.fedpsa_labels                       # 4 cells, about 7 min of CPU here
     python -m bench.fedpsa_labels --models linear --days 0.25
 
 Each cell is one FedPSA run of the Table 1 protocol (bench/reproduce_fedpsa.py: Fashion-MNIST,
@@ -92,7 +92,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="linear,lenet", help="comma-separated")
     parser.add_argument("--labels", default="random,self", help="comma-separated")
-    parser.add_argument("--days", type=float, default=0.05, help="virtual days per run")
+    parser.add_argument("--days", type=float, default=0.03, help="virtual days per run")
     parser.add_argument("--runs", type=Path, default=Path("runs/fedpsa-labels"))
     args = parser.parse_args()
     done = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -5,8 +5,8 @@
     python -m bench.reproduce_fedpsa --suite ablation     # Table 6 (full / w/o T / w/o S / w/o T&S)
     python -m bench.reproduce_fedpsa --suite latency      # Table 4's latency settings
     python -m bench.reproduce_fedpsa --suite calibration  # Table 5: real vs Gaussian D_b
-    python -m bench.reproduce_fedpsa --full --alphas 0.1 --methods fedbuff,fedpsa \
-        --calib-labels self                               # Table 1's alpha 0.1, self labels
+    python -m bench.reproduce_fedpsa --full --alphas 0.1 --methods fedpsa --calib-labels self
+                                                          # FedPSA at alpha 0.1, self labels
 
 Protocol (paper Sec. 6.1, FLGo's harness): linear model, 50 clients, concurrency 20%,
 latency uniform 10-500 per client, lr 0.01 decayed x0.999 per version, 5 local epochs,
