@@ -5,6 +5,8 @@ Fashion-MNIST, regenerated.
     python -m bench.reproduce_pace --seeds-all 3   # 3 seeds of every method
     python -m bench.reproduce_pace --updates 4000  # a longer budget
     python -m bench.reproduce_pace --report        # tables of the runs already done
+    python -m bench.reproduce_pace --latency proportional --partitions dir0.1  # the author's
+                                                   # simulator's latency (below)
     python -m bench.reproduce_pace --methods local-only,pfedgraph-async-authors \
         --partitions dir0.1                        # the added baselines' Dir(0.1) cells
 
@@ -24,6 +26,12 @@ client trains only its own model: what PACE gains by collaborating at all) and
 pFedGraph-Async as the authors' pFedGraph stores its models (pfedgraph-style = authors:
 each client's aggregate kept and compared, where ours keeps raw models and mixes at
 dispatch).
+
+`--latency proportional` replaces the fixed latencies by the PACE author's simulator's model:
+a task takes its local steps (5 epochs of ceil(n_i / 64) batches) x 2 units x the client's
+device factor (5 for 30% of clients, else 1), so a client of mean size (about 525 training
+samples, 45 steps) takes about 90 units on a fast device, near the fixed profile's 100; its
+runs go to a folder of their own (<updates>u-proportional).
 
 Runs use the real engine, strategies and client code in-process, several at once on
 separate cores; results.jsonl keeps each finished run, so an interrupted grid resumes.
@@ -108,6 +116,8 @@ PROTOCOL = {
     "checkpoint-every": 0,
 }
 LAST = 10  # the paper's figure: mean of the last 10 evaluations
+# --latency proportional: the author's simulator (training time x device factor)
+PROPORTIONAL = {"latency": "proportional", "latency-step-time": 2.0}
 
 
 def jobs_for(methods: list[str], seeds: int, seeds_all: int, parts: list[str]) -> list[Job]:
@@ -124,9 +134,10 @@ def jobs_for(methods: list[str], seeds: int, seeds_all: int, parts: list[str]) -
     return jobs
 
 
-def run_job(job: Job, runs_dir: str, updates: int) -> dict[str, Any]:
+def run_job(job: Job, runs_dir: str, updates: int, latency: str = "fixed") -> dict[str, Any]:
     """One run in this (worker) process; its summary and mean-client-accuracy curve."""
-    values = {**PROTOCOL, **job.config, "max-updates": updates}
+    timing = PROPORTIONAL if latency == "proportional" else {}
+    values = {**PROTOCOL, **timing, **job.config, "max-updates": updates}
     result, folder = run_in_process(job, runs_dir, values)
     return {**result, "curve": reproduce.curve(folder, "accuracy", "accuracy_std")}
 
@@ -226,13 +237,20 @@ def fig5_table(results: list[dict[str, Any]], updates: int) -> str:
     lines = table_head(
         f"Fig. 5 on Fashion-MNIST: mean client accuracy (%) after {updates} arrivals, adding "
         "PACE's components to pFedGraph-Async one at a time.",
-        ["variant", *[f"{part} ours" for part in PARTITIONS], "multicasts (Dir 0.1)"],
+        [
+            "variant",
+            *[f"{part} ours" for part in PARTITIONS],
+            "multicasts (Dir 0.1)",
+            "downlinks / uplinks (Dir 0.1)",
+        ],
     )
     for label, method in FIG5.items():
         cells = [mean_std(cell(results, method, part)) for part in PARTITIONS]
         runs = matching(results, method=method, partition="dir0.1")
-        multicast = [r["summary"]["tasks_superseded"] for r in runs]
-        cells.append(mean_std([float(m) for m in multicast]) if runs else "-")
+        multicast = [float(r["summary"]["tasks_superseded"]) for r in runs]
+        downlinks = [r["summary"]["downlinks"] / r["summary"]["uplinks"] for r in runs]
+        cells.append(mean_std(multicast) if runs else "-")
+        cells.append(mean_std(downlinks, digits=3) if runs else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -265,6 +283,12 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--partitions", default=",".join(PARTITIONS), help="a comma-separated subset"
     )
+    parser.add_argument(
+        "--latency",
+        choices=("fixed", "proportional"),
+        default="fixed",
+        help="fixed: 100 or 500 units a task; proportional: local steps x 2 x device factor",
+    )
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
@@ -286,7 +310,7 @@ def closing(results: list[Result], out: Path, wall_minutes: float) -> str:
 
 
 def runner(args: Options) -> Runner:
-    return partial(run_job, updates=args.updates)
+    return partial(run_job, updates=args.updates, latency=args.latency)
 
 
 PACE = Paper(
@@ -312,7 +336,10 @@ PACE = Paper(
     tally=None,
     closing=closing,
     options=options,
-    out=lambda args: args.out / f"{args.updates}u",
+    out=lambda args: (
+        args.out
+        / (f"{args.updates}u" + ("-proportional" if args.latency == "proportional" else ""))
+    ),
     check=check,
     suite_choice=False,
 )

@@ -288,9 +288,11 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
         "local-steps": 5,
         "batch-size": 10,
         "lr": 0.05,
-        # Flower finds a SIGKILLed node dead by its heartbeat, about a minute after the kill:
-        # the budget leaves the killed node's edge room to go on after that.
-        "max-virtual-time": 200.0,
+        # Flower finds a SIGKILLed node dead by its heartbeat only about a minute after the
+        # kill; the task-timeout retires its task sooner, so its edge goes on within 30 s
+        # (and again for a task sent to it before Flower calls it dead).
+        "task-timeout": 30.0,
+        "max-virtual-time": 140.0,
         "eval-interval": 30.0,
         "runs-dir": str(runs),
         "run-name": "mafsa",
