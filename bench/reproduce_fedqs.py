@@ -4,6 +4,7 @@ robustness, ablations) on Fashion-MNIST, regenerated.
     python -m bench.reproduce_fedqs                     # main grid: 3 alphas, every method
     python -m bench.reproduce_fedqs --suite ablation    # FedQS-SGD without its parts
     python -m bench.reproduce_fedqs --suite robustness  # 50 clients at 1:20, 200 at 1:100
+    python -m bench.reproduce_fedqs --suite regimes     # ours vs the authors' simulator
     python -m bench.reproduce_fedqs --report            # tables of the runs already done
 
 Protocol (the FedQS paper, NeurIPS 2025, and the authors' conf: their data is CIFAR-10 with
@@ -15,6 +16,14 @@ aggregations of K, i.e. 4,000 client updates for every method (FedAvg: 400 round
 clients, FedBuff K 10, FedAsync one version per update). Accuracy: the global model on the
 test set, about 50 times a run (eval-interval from the run's expected virtual length).
 Oscillation: std of the evaluations over the last 20% of the run.
+
+The regimes suite (3 seeds of FedQS-SGD and SAFL FedSGD per cell) runs alpha 0.1 and the
+robustness settings with K = 10% of N in two regimes: ours (each FIFO entry aggregates the
+update its client uploaded; `fifo-update=uploaded`) and the authors' simulator's (each entry
+aggregates its client's newest update by then, since their queue holds a file the client
+overwrites when it retrains; `fifo-update=newest`). It adds the authors' own "1:20" (integer
+resources in [1, 19], period r + 1: periods 2-20, i.e. 1:10) beside ours (periods 1-20), and
+FedQS-SGD with uniform base weights (`fedqs-base-weights=uniform`) at alpha 0.1.
 
 Runs use the real engine, strategies and client code in-process, several at once on
 separate cores; results.jsonl keeps each finished run, so an interrupted grid resumes.
@@ -57,6 +66,15 @@ ABLATIONS = {
     "similarity l1": {"fedqs-similarity": "l1"},
     "similarity l2": {"fedqs-similarity": "l2"},
     "pseudo-gradient w^(t-1)": {"fedqs-pseudo-gradient": "previous-global"},
+    # The authors' l1 / l2 ablations ran with their pseudo-gradient, w^(t-1) itself.
+    "similarity l1, pseudo-gradient w^(t-1)": {
+        "fedqs-similarity": "l1",
+        "fedqs-pseudo-gradient": "previous-global",
+    },
+    "similarity l2, pseudo-gradient w^(t-1)": {
+        "fedqs-similarity": "l2",
+        "fedqs-pseudo-gradient": "previous-global",
+    },
     # Diagnostics, not the paper's: every update 20 local steps (a median client's 2 epochs)
     # instead of 2 epochs, so the n_i / sum n weights no longer favour the updates that took
     # the most steps; with and without the weighting.
@@ -78,6 +96,38 @@ PAPER_ROBUSTNESS = {  # final accuracy %; the paper has no SAFL FedSGD here
     "200 clients 1:100": {"fedavg": 49.4, "fedqs-sgd": 80.1},
 }
 ROBUSTNESS_METHODS = ("fedavg", "fedqs-sgd", "safl-fedsgd")  # the paper's two, and our baseline
+REGIMES = {"ours": {"fifo-update": "uploaded"}, "authors'": {"fifo-update": "newest"}}
+REGIME_SETTINGS: dict[str, dict[str, Any]] = {  # K = 10% of N throughout
+    "alpha 0.1, 100 clients 1:50, K 10": {},
+    "50 clients 1:20 (periods 1-20), K 5": {
+        "num-clients": 50,
+        "concurrency": 50,
+        "buffer-size": 5,
+        "latency-max": 20.0,
+    },
+    "50 clients, the authors' 1:20 (periods 2-20), K 5": {
+        "num-clients": 50,
+        "concurrency": 50,
+        "buffer-size": 5,
+        "latency-min": 2.0,
+        "latency-max": 20.0,
+    },
+    "200 clients 1:100, K 20": {
+        "num-clients": 200,
+        "concurrency": 200,
+        "buffer-size": 20,
+        "latency-max": 100.0,
+    },
+}
+REGIME_METHODS = {
+    "FedQS-SGD": {"strategy": "fedqs-sgd"},
+    "SAFL FedSGD": {"strategy": "safl-fedsgd"},
+    "FedQS-SGD, uniform base weights": {
+        "strategy": "fedqs-sgd",
+        "fedqs-base-weights": "uniform",
+    },
+}
+UNIFORM_ONLY_AT = "alpha 0.1, 100 clients 1:50, K 10"  # where the uniform weights are measured
 PROTOCOL = {
     "dataset": "fmnist",
     "model": "lenet",
@@ -105,14 +155,14 @@ EVALUATIONS = 50  # per run, whatever its virtual length: the oscillation needs 
 
 def expected_length(values: dict[str, Any]) -> float:
     """Virtual time a run of `max-updates` updates takes on average with periods uniform in
-    [1, R]: synchronous FedAvg waits for the slowest of its C clients each round (E max =
-    1 + (R - 1) C / (C + 1)); every other method keeps all N clients busy, whose updates
-    arrive at N E[1 / period] = N ln R / (R - 1) per unit."""
-    ratio, updates = values["latency-max"], values["max-updates"]
+    [a, b]: synchronous FedAvg waits for the slowest of its C clients each round (E max =
+    a + (b - a) C / (C + 1)); every other method keeps all N clients busy, whose updates
+    arrive at N E[1 / period] = N ln(b / a) / (b - a) per unit."""
+    low, high, updates = values["latency-min"], values["latency-max"], values["max-updates"]
     if values["strategy"] == "fedavg":
         clients = values["concurrency"]
-        return updates / clients * (1 + (ratio - 1) * clients / (clients + 1))
-    return updates / (values["num-clients"] * math.log(ratio) / (ratio - 1))
+        return updates / clients * (low + (high - low) * clients / (clients + 1))
+    return updates / (values["num-clients"] * math.log(high / low) / (high - low))
 
 
 def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
@@ -158,15 +208,38 @@ def robustness_jobs(seeds: int, seeds_all: int) -> list[Job]:
     return jobs
 
 
-SUITES = {"main": main_jobs, "ablation": ablation_jobs, "robustness": robustness_jobs}
+def regime_jobs(seeds: int, seeds_all: int) -> list[Job]:
+    jobs = []
+    for seed in range(seeds):
+        for s, (setting, config) in enumerate(REGIME_SETTINGS.items()):
+            for m, (method, strategy) in enumerate(REGIME_METHODS.items()):
+                if "uniform" in method and setting != UNIFORM_ONLY_AT:
+                    continue
+                for regime, reading in REGIMES.items():
+                    if "uniform" in method and regime != "ours":
+                        continue
+                    labels = {"suite": "regimes", "setting": setting, "method": method}
+                    labels |= {"regime": regime, "seed": seed}
+                    settings = {**strategy, "dirichlet-alpha": 0.1, **config, **reading}
+                    name = f"regime-{s}-{m}-{reading['fifo-update']}-s{seed}"
+                    jobs.append(Job(name, labels, {**settings, "seed": seed}))
+    return jobs
+
+
+SUITES = {
+    "main": main_jobs,
+    "ablation": ablation_jobs,
+    "robustness": robustness_jobs,
+    "regimes": regime_jobs,
+}
 
 
 def run_job(job: Job, runs_dir: str, aggregations: int) -> dict[str, Any]:
     """One run in this (worker) process; its summary, curve and FedQS's per-update records."""
     from fedstale.server_app.results import read_jsonl
 
-    k = PROTOCOL["buffer-size"]
-    values = {**PROTOCOL, **job.config, "max-updates": aggregations * k}
+    values = {**PROTOCOL, **job.config}
+    values["max-updates"] = aggregations * values["buffer-size"]
     values["eval-interval"] = expected_length(values) / EVALUATIONS
     result, folder = run_in_process(job, runs_dir, values)
     updates = [u for u in read_jsonl(folder / "updates.jsonl") if "type" in u]
@@ -323,7 +396,29 @@ def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"main": main_table, "ablation": ablation_table, "robustness": robustness_table}
+def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
+    lines = table_head(
+        f"FedQS-SGD and SAFL FedSGD on Fashion-MNIST, alpha 0.1, {aggregations} aggregations "
+        "of K = 10% of N: final accuracy (%) when each FIFO entry aggregates the update its "
+        "client uploaded (ours) or its client's newest (the authors' simulator).",
+        ["setting", *[f"{m}, {r}" for m in REGIME_METHODS for r in REGIMES]],
+    )
+    for setting in REGIME_SETTINGS:
+        cells = []
+        for method in REGIME_METHODS:
+            for regime in REGIMES:
+                rows = matching(results, setting=setting, method=method, regime=regime)
+                cells.append(mean_std(finals(rows)))
+        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {
+    "main": main_table,
+    "ablation": ablation_table,
+    "robustness": robustness_table,
+    "regimes": regimes_table,
+}
 
 
 def plot(results: list[dict[str, Any]], path: Path, key: str) -> None:
@@ -407,6 +502,7 @@ FEDQS = Paper(
         "main": suite("main", "method"),
         "ablation": suite("ablation", "variant"),
         "robustness": suite("robustness", "setting"),
+        "regimes": suite("regimes", "setting"),
     },
     default_suite="main",
     default_out=Path("runs/reproduce-fedqs"),

@@ -216,3 +216,42 @@ def test_fedqs_avg_keeps_the_start_model_and_state_round_trips() -> None:
     copy = fedqs(q.FedQSAvg)
     copy.load_state(strategy.state())
     assert len(copy.fifo) == 1 and copy.last_delta[0].tolist() == [2, 2, 2, 2]
+
+
+def test_uniform_base_weights_are_one_over_k_before_the_feedback_factor() -> None:
+    examples, counts, thetas = np.array([100, 300]), np.array([1.0, 3.0]), np.array([20.0, 0])
+    flags = np.array([True, False])
+    plain = q.aggregation_weights(examples, counts, 4.0, np.array([False, False]), thetas, 10.0)
+    np.testing.assert_allclose(plain, [0.25, 0.75])
+    uniform = q.aggregation_weights(
+        examples, counts, 4.0, np.array([False, False]), thetas, 10.0, uniform=True
+    )
+    np.testing.assert_allclose(uniform, [0.5, 0.5])
+    boost = (math.e / 2) ** (0.1 - 1 / 4) * (1 + 2.0**2)  # theta 20 / 10, capped at 2
+    flagged = q.aggregation_weights(examples, counts, 4.0, flags, thetas, 10.0, uniform=True)
+    np.testing.assert_allclose(flagged, np.array([0.5 * boost, 0.5]) / (0.5 * boost + 0.5))
+    strategy = fedqs(fedqs_base_weights="uniform")
+    for client, n in enumerate((100, 200, 700)):
+        strategy.assign(client, V0)
+        outcome = strategy.on_update(reply(client, [1, 0, 0, 0], n, 0.0), V0)
+    assert [r["weight"] for r in outcome.records] == pytest.approx([1 / 3] * 3)
+
+
+def safl(update: str) -> q.SaflFedSGD:
+    run = run_config(num_clients=3, concurrency=3, buffer_size=3)
+    params = q.KFifoParams.model_validate({"fifo-update": update})
+    return q.SaflFedSGD(run, params, np.zeros(2, dtype=np.float32))
+
+
+def test_fifo_update_newest_aggregates_each_clients_latest_update() -> None:
+    """Arrivals c0: a, c1: b, c0: c fill K = 3. Uploaded: w = (a + b + c) / 3; newest (the
+    authors' simulator): c0's first entry reads its newest update too, w = (c + b + c) / 3."""
+    a, b, c = [3.0, 0.0], [0.0, 3.0], [6.0, 6.0]
+    results = {}
+    for mode in ("uploaded", "newest"):
+        strategy = safl(mode)
+        for client, vector in ((0, a), (1, b), (0, c)):
+            strategy.on_update(Update(client, 0, 0, 0, 1, np.array(vector, np.float32), {}), V0)
+        results[mode] = strategy.model
+    np.testing.assert_allclose(results["uploaded"], [3.0, 3.0])
+    np.testing.assert_allclose(results["newest"], [4.0, 5.0])

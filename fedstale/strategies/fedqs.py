@@ -12,7 +12,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -120,11 +120,13 @@ def aggregation_weights(
     flags: np.ndarray,
     thetas: np.ndarray,
     theta_bar: float,
+    uniform: bool = False,
 ) -> np.ndarray:
-    """p_i = n_i / sum n; a flagged update's p_i *= (e/2)^(0.1 - f_i / sum_j f_j)
-    * (1 + min(theta_i / theta_bar, 2)^2); then renormalised. `counts`: each update's
-    client's f_i after this aggregation's increments; `total_count`: sum over all N."""
-    p = np.asarray(examples, dtype=np.float64) / float(np.sum(examples))
+    """p_i = n_i / sum n (`uniform`: 1/K); a flagged update's p_i *= (e/2)^(0.1 - f_i /
+    sum_j f_j) * (1 + min(theta_i / theta_bar, 2)^2); then renormalised. `counts`: each
+    update's client's f_i after this aggregation's increments; `total_count`: sum over all N."""
+    sizes = np.ones(len(examples)) if uniform else np.asarray(examples, dtype=np.float64)
+    p = sizes / float(np.sum(sizes))
     for i in np.flatnonzero(flags):
         ratio = min(thetas[i] / theta_bar, 2.0) if theta_bar > 0 else 0.0
         p[i] *= (math.e / 2) ** (0.1 - counts[i] / total_count) * (1 + ratio**2)
@@ -134,7 +136,14 @@ def aggregation_weights(
 # ---------------------------------------------------------------------------- the rules
 
 
-class FedQSParams(KebabModel):
+class KFifoParams(KebabModel):
+    # Which update of a client a FIFO entry aggregates: the one it uploaded, or (the FedQS
+    # authors' simulator, whose queue holds a file the client overwrites when it retrains)
+    # the client's newest by the time the entry is aggregated.
+    fifo_update: Literal["uploaded", "newest"] = "uploaded"
+
+
+class FedQSParams(KFifoParams):
     fedqs_a: float = Field(0.002, ge=0)  # lr step per unit of F
     fedqs_m0: float = Field(0.1, ge=0, lt=1)
     fedqs_momentum_gain: float = Field(20.0, ge=0)  # k of the aligned types' momentum
@@ -145,6 +154,9 @@ class FedQSParams(KebabModel):
     fedqs_ablation: Literal["none", "no-feedback", "no-flag-weight", "no-momentum"] = "none"
     fedqs_similarity: Literal["angle", "l1", "l2"] = "angle"
     fedqs_pseudo_gradient: Literal["delta", "previous-global"] = "delta"
+    # p_i before the feedback factor: n_i / sum n (the authors' code) or 1/K (the paper's
+    # summary's (1 + G) / (2K) suggests it)
+    fedqs_base_weights: Literal["examples", "uniform"] = "examples"
 
 
 @dataclass
@@ -170,16 +182,21 @@ class KFifo(Strategy):
     """Semi-asynchronous: every arrival enters a FIFO; whenever it holds K (`buffer-size`)
     the first K are aggregated. Subclasses say how (`combine`) and may adapt each task."""
 
-    kept: tuple[str, ...] = ("fifo",)
+    Params: ClassVar[type[KebabModel]] = KFifoParams
+    params: KFifoParams
+    kept: tuple[str, ...] = ("fifo", "newest")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
+        self.newest: dict[int, np.ndarray] = {}  # fifo-update=newest: each client's latest
 
     def queued(self, update: Update) -> Queued:
         return Queued("", None, False, self.run.lr, self.run.momentum, update)
 
     def on_update(self, update: Update, view: View) -> Outcome:
+        if self.params.fifo_update == "newest":
+            self.newest[update.client] = update.vector
         batch = self.fifo.add(self.queued(update))
         if batch is None:
             return Outcome()
@@ -202,8 +219,14 @@ class KFifo(Strategy):
     def combine(self, batch: list[Queued]) -> np.ndarray:
         """Move the global model by the batch; the weights each update got."""
 
+    def aggregated(self, queued: Queued) -> np.ndarray:
+        """The update an entry aggregates (`fifo-update`)."""
+        if self.params.fifo_update == "newest":
+            return self.newest[queued.update.client]
+        return queued.update.vector
+
     def apply(self, batch: list[Queued], weights: np.ndarray) -> None:
-        stacked = np.stack([q.update.vector for q in batch]).astype(np.float64)
+        stacked = np.stack([self.aggregated(q) for q in batch]).astype(np.float64)
         if self.returns == RETURN_MODEL:
             self.model = (weights @ stacked).astype(np.float32)
         else:
@@ -432,6 +455,7 @@ class FedQSSGD(KFifo):
                 np.array([q.flag and not ignore_flags for q in batch]),
                 np.array([q.theta or 0.0 for q in batch]),
                 mean_nonzero(self.theta),
+                uniform=self.params.fedqs_base_weights == "uniform",
             )
         self.previous_model = self.model
         self.apply(batch, weights)
