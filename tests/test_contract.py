@@ -630,3 +630,39 @@ def test_a_query_lost_in_transit_is_asked_again_up_to_three_times(
     ]
     assert (5 in {u.client for u in engine.strategy.seen}) == served  # type: ignore[attr-defined]
     assert len(refused) == (0 if served else 1)
+
+
+class RecordingSends:
+    """A transport that only records what is sent."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def send(self, node: int, kind: str, config: Any, arrays: Any, extra: Any = None) -> str:
+        self.sent.append(node)
+        return f"m{len(self.sent)}"
+
+
+def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_message() -> None:
+    """Client 0 reported a score at time 0 and is training again at time 25, past one
+    interval (10): it counts with that score and is not asked. Client 1, as old and idle,
+    gets an evaluate message."""
+    from types import SimpleNamespace
+
+    from fedstale.server_app.clock import Task
+    from fedstale.server_app.evaluation import Evaluation
+    from fedstale.server_app.reports import ClientReports
+
+    run = run_config(num_clients=2, eval_interval=10.0, eval_target="per-client")
+    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    transport = RecordingSends()
+    reports = ClientReports(run, model, transport, LAYOUT)  # type: ignore[arg-type]
+    for client in (0, 1):
+        task = Task(client, client, 10 + client, f"t{client}", 0, 0, 0.0, 5.0)
+        reports.take(task, {ScoreKeys.ACCURACY: 0.5 + client / 10, ScoreKeys.LOSS: 1.0}, 0.0)
+    nodes = SimpleNamespace(clients=[0, 1], node_of={0: 10, 1: 11})
+    evaluation = Evaluation(25.0, 0.0, 3, float("nan"), float("nan"), 4)
+    reports.start(evaluation, nodes, frozenset({0}))  # type: ignore[arg-type]
+    assert transport.sent == [11]
+    pending = reports.pending[-1]
+    assert pending.scores[0].accuracy == 0.5 and list(pending.waiting.values()) == [1]

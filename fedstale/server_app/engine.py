@@ -399,7 +399,7 @@ class Engine:
             updates=self.counters.accepted,
         )
         with self.watch("evaluate"):
-            self.scores.evaluate(evaluation, self.nodes)
+            self.scores.evaluate(evaluation, self.nodes, frozenset(self.busy))
 
     # ---------------------------------------------------------------- budgets
     def check_budgets(self) -> None:

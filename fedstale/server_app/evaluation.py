@@ -113,8 +113,11 @@ class Scoreboard:
         if self.reports:
             self.reports.take(task, metrics, now)
 
-    def evaluate(self, evaluation: Evaluation, nodes: Nodes) -> None:
-        """Score the models for `evaluation` (its accuracy and loss are filled in)."""
+    def evaluate(
+        self, evaluation: Evaluation, nodes: Nodes, busy: frozenset[int] = frozenset()
+    ) -> None:
+        """Score the models for `evaluation` (its accuracy and loss are filled in); `busy`:
+        the clients with a task in flight."""
         self.requests += 1
         if not self.per_client:
             evaluation.accuracy, evaluation.loss = self.evaluator(self.strategy.model)
@@ -126,7 +129,7 @@ class Scoreboard:
             ]
             self.finish(over_clients(evaluation, scores))
         else:
-            self.reports.start(evaluation, nodes)
+            self.reports.start(evaluation, nodes, busy)
             self.collect()
 
     def collect(self) -> None:

@@ -3,11 +3,12 @@
 Every train message asks its client to score the model it carries (the client's
 personalised model as sent) on the client's own held-out split before it trains; the train
 reply brings that score back and the server keeps each client's latest, with the version
-and the time of the model it belongs to. An evaluation uses those scores. Only a client
-whose last such score came in more than one `eval-interval` before the evaluation (idle, or
-its replies superseded, lost or without a score) gets a Flower `evaluate` message with its
-model as it is then; a client whose evaluate message is still unanswered gets no second
-one: the later evaluation waits for the same reply. An evaluation is complete once every
+and the time of the model it belongs to. An evaluation uses those scores: a client training
+now counts with its latest whatever its age. Only an idle client whose last such score came
+in more than one `eval-interval` before the evaluation (or a client that has none yet)
+gets a Flower `evaluate` message with its model as it is then; a client whose evaluate
+message is still unanswered gets no second one: the later evaluation waits for the same
+reply. An evaluation is complete once every
 client it asked has answered, failed, or run out of time; completed ones come out in the
 order they were asked for. A failure that repeats (a dead node) is logged once per node
 and cause.
@@ -114,17 +115,20 @@ class ClientReports:
             kept = Score(accuracy, loss, task.version, task.dispatched_at, from_training=True)
             self.reported[task.client] = (kept, now)
 
-    def fresh(self, client: int, at: float) -> Score | None:
-        """The client's latest train-reply score if it came within one interval of `at`."""
+    def fresh(self, client: int, at: float, busy: bool) -> Score | None:
+        """The client's latest train-reply score if it came within one interval of `at`, or
+        whatever its age while the client trains (its next reply brings a newer one; an
+        evaluate message would only queue a second process behind its training)."""
         score, came = self.reported.get(client, (None, -float("inf")))
-        return score if at - came <= self.run.eval_interval else None
+        return score if busy or at - came <= self.run.eval_interval else None
 
-    def start(self, evaluation: Evaluation, nodes: Nodes) -> None:
-        """Begin an evaluation: fresh scores where clients have them, else evaluate messages."""
+    def start(self, evaluation: Evaluation, nodes: Nodes, busy: frozenset[int]) -> None:
+        """Begin an evaluation: the scores clients reported while training or recently,
+        else evaluate messages (`busy`: the clients with a task in flight)."""
         timeout = self.run.task_timeout or self.run.task_ttl
         pending = Pending(evaluation, time.monotonic() + timeout)
         for client in nodes.clients:
-            score = self.fresh(client, evaluation.virtual_time)
+            score = self.fresh(client, evaluation.virtual_time, client in busy)
             if score is not None:
                 pending.scores[client] = score
                 continue
