@@ -5,6 +5,7 @@ robustness, ablations) on Fashion-MNIST, regenerated.
     python -m bench.reproduce_fedqs --suite ablation    # FedQS-SGD without its parts
     python -m bench.reproduce_fedqs --suite robustness  # 50 clients at 1:20, 200 at 1:100
     python -m bench.reproduce_fedqs --suite regimes     # ours vs the authors' simulator
+    python -m bench.reproduce_fedqs --suite regimes --settings a0.1   # one of its settings
     python -m bench.reproduce_fedqs --report            # tables of the runs already done
 
 Protocol (the FedQS paper, NeurIPS 2025, and the authors' conf: their data is CIFAR-10 with
@@ -128,6 +129,7 @@ REGIME_METHODS = {
     },
 }
 UNIFORM_ONLY_AT = "alpha 0.1, 100 clients 1:50, K 10"  # where the uniform weights are measured
+SETTING_KEYS = dict(zip(("a0.1", "50c", "50c-authors", "200c"), REGIME_SETTINGS, strict=True))
 PROTOCOL = {
     "dataset": "fmnist",
     "model": "lenet",
@@ -208,21 +210,30 @@ def robustness_jobs(seeds: int, seeds_all: int) -> list[Job]:
     return jobs
 
 
-def regime_jobs(seeds: int, seeds_all: int) -> list[Job]:
+def measured(method: str, regime: str) -> bool:
+    """Uniform base weights are measured in our regime only."""
+    return "uniform" not in method or regime == "ours"
+
+
+def regime_jobs(seeds: int, seeds_all: int, settings: str = ",".join(SETTING_KEYS)) -> list[Job]:
+    """Setting by setting (every seed of one before the next), those `settings` names."""
+    chosen = {SETTING_KEYS[key] for key in settings.split(",")}
     jobs = []
-    for seed in range(seeds):
-        for s, (setting, config) in enumerate(REGIME_SETTINGS.items()):
+    for s, (setting, config) in enumerate(REGIME_SETTINGS.items()):
+        if setting not in chosen:
+            continue
+        for seed in range(seeds):
             for m, (method, strategy) in enumerate(REGIME_METHODS.items()):
                 if "uniform" in method and setting != UNIFORM_ONLY_AT:
                     continue
                 for regime, reading in REGIMES.items():
-                    if "uniform" in method and regime != "ours":
+                    if not measured(method, regime):
                         continue
                     labels = {"suite": "regimes", "setting": setting, "method": method}
                     labels |= {"regime": regime, "seed": seed}
-                    settings = {**strategy, "dirichlet-alpha": 0.1, **config, **reading}
+                    values = {**strategy, "dirichlet-alpha": 0.1, **config, **reading}
                     name = f"regime-{s}-{m}-{reading['fifo-update']}-s{seed}"
-                    jobs.append(Job(name, labels, {**settings, "seed": seed}))
+                    jobs.append(Job(name, labels, {**values, "seed": seed}))
     return jobs
 
 
@@ -397,18 +408,18 @@ def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
 
 
 def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
+    columns = [(m, r) for m in REGIME_METHODS for r in REGIMES if measured(m, r)]
     lines = table_head(
         f"FedQS-SGD and SAFL FedSGD on Fashion-MNIST, alpha 0.1, {aggregations} aggregations "
         "of K = 10% of N: final accuracy (%) when each FIFO entry aggregates the update its "
         "client uploaded (ours) or its client's newest (the authors' simulator).",
-        ["setting", *[f"{m}, {r}" for m in REGIME_METHODS for r in REGIMES]],
+        ["setting", *[f"{m}, {r}" for m, r in columns]],
     )
     for setting in REGIME_SETTINGS:
         cells = []
-        for method in REGIME_METHODS:
-            for regime in REGIMES:
-                rows = matching(results, setting=setting, method=method, regime=regime)
-                cells.append(mean_std(finals(rows)))
+        for method, regime in columns:
+            rows = matching(results, setting=setting, method=method, regime=regime)
+            cells.append(mean_std(finals(rows)))
         lines.append(f"| {setting} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -480,15 +491,31 @@ def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seeds", type=int, default=3, help="seeds of FedQS and SAFL")
     parser.add_argument("--seeds-all", type=int, default=1, help="seeds of everything else")
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
+    parser.add_argument(
+        "--settings",
+        default=",".join(SETTING_KEYS),
+        help=f"regimes suite: a comma-separated subset of {','.join(SETTING_KEYS)}",
+    )
+
+
+def check(args: Options, parser: argparse.ArgumentParser) -> None:
+    if unknown := set(args.settings.split(",")) - set(SETTING_KEYS):
+        parser.error(f"unknown settings {sorted(unknown)}; choose from {','.join(SETTING_KEYS)}")
 
 
 def runner(args: Options) -> Runner:
     return partial(run_job, aggregations=args.aggregations)
 
 
+def jobs_of(name: str, args: Options) -> list[Job]:
+    if name == "regimes":
+        return regime_jobs(args.seeds, args.seeds_all, args.settings)
+    return SUITES[name](args.seeds, args.seeds_all)
+
+
 def suite(name: str, key: str) -> Suite:
     return Suite(
-        lambda args: SUITES[name](args.seeds, args.seeds_all),
+        lambda args: jobs_of(name, args),
         lambda results, args: TABLES[name](results, args.aggregations),
         f"{name}.md",
         lambda results, path: plot(results, path, key),
@@ -508,6 +535,7 @@ FEDQS = Paper(
     default_out=Path("runs/reproduce-fedqs"),
     runner=runner,
     options=options,
+    check=check,
     out=lambda args: args.out / f"{args.aggregations}agg",
 )
 

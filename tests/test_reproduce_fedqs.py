@@ -1,10 +1,10 @@
-"""The FedQS reproduction's claim lines, against hand-worked curves."""
+"""The FedQS reproduction's claim lines, against hand-worked curves, and its regimes grid."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.reproduce_fedqs import claim_lines
+from bench.reproduce_fedqs import claim_lines, regime_jobs
 
 
 def run(method: str, curve: list[tuple[float, float]], seed: int = 0) -> dict[str, Any]:
@@ -66,3 +66,18 @@ def test_pairs_over_seeds_give_each_seeds_difference() -> None:
         "- alpha 0.1: fedqs-sgd - safl-fedsgd: final -0.50 points, oscillation +0.00; "
         "per seed s0 -5.00, s1 +4.00"
     )
+
+
+def test_regimes_run_the_chosen_settings_every_seed_of_one_before_the_next() -> None:
+    jobs = regime_jobs(seeds=3, seeds_all=1, settings="50c,a0.1")
+    settings = [job.labels["setting"] for job in jobs]
+    # alpha 0.1: 2 methods x 2 regimes + uniform weights in ours = 5 a seed; 50 clients: 4
+    assert len(jobs) == 3 * 5 + 3 * 4
+    assert settings == sorted(settings, key=settings.index)  # grouped, in the table's order
+    assert settings[0].startswith("alpha 0.1") and settings[-1].startswith("50 clients 1:20")
+    assert [job.labels["seed"] for job in jobs[:15:5]] == [0, 1, 2]
+    uniform = [job for job in jobs if "uniform" in job.labels["method"]]
+    assert {(j.labels["regime"], j.config["fedqs-base-weights"]) for j in uniform} == {
+        ("ours", "uniform")
+    }
+    assert {job.config["buffer-size"] for job in jobs if job.config.get("num-clients") == 50} == {5}
