@@ -325,14 +325,16 @@ def test_a_deployment_evaluation_uses_the_scores_train_replies_carry() -> None:
     engine, transport, sent = reporting_run(Personal, seed=11)
     rows = engine.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
-    assert rows[0]["from_train_replies"] == 0 and rows[0]["clients"] == 5  # 5 never answers
-    for row in rows[1:]:  # every client replies within 500: scores of the models as sent
-        scores = last_scores(engine, sent, row["virtual_time"])
+    first = {}  # the first evaluation: each client's first task, all sent at time 0
+    for task_id in sorted(sent, reverse=True):
+        first[sent[task_id][0]] = (sent[task_id][1], engine.history[task_id].version)
+    for row in rows:  # every client replies within 500: scores of the models as sent
+        scores = last_scores(engine, sent, row["virtual_time"]) if row["version"] else first
         assert row["clients"] == row["from_train_replies"] == 6
         assert row["accuracy"] == pytest.approx(np.mean([a for a, _ in scores.values()]))
-        assert row["oldest_version"] == min(v for _, v in scores.values()) < row["version"]
-    asked = [s for s in transport.sent if s[1] == MSG_EVALUATE]
-    assert len(asked) == 6  # only the first evaluation, before any train reply, sends any
+        assert row["oldest_version"] == min(v for _, v in scores.values()) <= row["version"]
+    assert rows[0]["oldest_version"] == rows[0]["version"] == 0
+    assert [s for s in transport.sent if s[1] == MSG_EVALUATE] == []  # no client was idle
 
 
 class NeverClient2(Personal):
@@ -347,7 +349,7 @@ def test_an_idle_client_still_gets_an_evaluate_message() -> None:
     rows = engine.recorder.metrics  # type: ignore[attr-defined]
     asked = [transport.nodes[s[0]] for s in transport.sent if s[1] == MSG_EVALUATE]
     assert asked.count(2) == len(rows) == 7  # at every evaluation
-    assert len(asked) - asked.count(2) == 5  # the others only before their first reply
+    assert len(asked) == asked.count(2)  # the others train from the start: never asked
     for row in rows[1:]:
         assert row["clients"] == 6 and row["from_train_replies"] == 5
         scores = [a for c, (a, _) in last_scores(engine, sent, row["virtual_time"]).items()]
@@ -642,6 +644,9 @@ class RecordingSends:
         self.sent.append(node)
         return f"m{len(self.sent)}"
 
+    def receive(self, msg_ids: list[str]) -> list[Reply]:
+        return []
+
 
 def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_message() -> None:
     """Client 0 reported a score at time 0 and is training again at time 25, past one
@@ -666,3 +671,35 @@ def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_messa
     assert transport.sent == [11]
     pending = reports.pending[-1]
     assert pending.scores[0].accuracy == 0.5 and list(pending.waiting.values()) == [1]
+
+
+def test_a_training_client_with_no_score_yet_is_scored_by_its_train_reply() -> None:
+    """The first evaluation, with every client's first task out: no evaluate message; the
+    train replies bring the scores; a client whose reply has none (2) or whose task ended
+    with no reply taken (1) gets an evaluate message instead."""
+    from types import SimpleNamespace
+
+    from fedstale.server_app.clock import Task
+    from fedstale.server_app.evaluation import Evaluation
+    from fedstale.server_app.reports import ClientReports, Score
+
+    run = run_config(num_clients=3, eval_interval=10.0, eval_target="per-client")
+    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    transport = RecordingSends()
+    reports = ClientReports(run, model, transport, LAYOUT)  # type: ignore[arg-type]
+    nodes = SimpleNamespace(clients=[0, 1, 2], node_of={0: 10, 1: 11, 2: 12})
+    evaluation = Evaluation(0.0, 0.0, 0, float("nan"), float("nan"), 0)
+    reports.start(evaluation, nodes, frozenset({0, 1, 2}))  # type: ignore[arg-type]
+    assert transport.sent == []
+    assert reports.collect(frozenset({0, 1, 2})) == []
+    task = Task(0, 0, 10, "t0", 0, 0, 0.0, 5.0)
+    reports.take(task, {ScoreKeys.ACCURACY: 0.4, ScoreKeys.LOSS: 2.0}, 5.0)
+    assert reports.collect(frozenset({1, 2})) == []  # client 2 still trains
+    reports.take(Task(2, 2, 12, "t2", 0, 0, 0.0, 7.0), {ScoreKeys.ACCURACY: 0.6}, 7.0)
+    assert reports.collect(frozenset({1})) == []  # 2's reply lacked its loss: no score
+    assert transport.sent == [12]
+    assert reports.collect(frozenset()) == []  # 1's task ended with no reply taken
+    assert transport.sent == [12, 11]
+    (pending,) = reports.pending
+    assert pending.scores == {0: Score(0.4, 2.0, 0, 0.0, from_training=True)}
+    assert sorted(pending.waiting.values()) == [1, 2] and pending.training == {}

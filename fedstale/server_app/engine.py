@@ -451,6 +451,8 @@ class Engine:
     def run_loop(self) -> None:
         self.wait_for_clients()
         self.loop_started = time.monotonic()
+        if self.scores.by_message:  # the first train replies score the initial models
+            self.fill()
         self.evaluate_due(0.0)
         self.fill()
         while not self.stop_reason:
@@ -458,7 +460,7 @@ class Engine:
             self.fill()
             with self.watch("pull"):
                 self.collect()
-                self.scores.collect()
+                self.scores.collect(frozenset(self.busy))
             self.expire_overdue()
             if not self.process_ready():
                 self.check_budgets()

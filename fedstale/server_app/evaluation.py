@@ -130,11 +130,12 @@ class Scoreboard:
             self.finish(over_clients(evaluation, scores))
         else:
             self.reports.start(evaluation, nodes, busy)
-            self.collect()
+            self.collect(busy)
 
-    def collect(self) -> None:
-        """Write the per-client evaluations that are complete."""
-        for pending in self.reports.collect() if self.reports else []:
+    def collect(self, busy: frozenset[int] = frozenset()) -> None:
+        """Write the per-client evaluations that are complete (`busy`: the clients with a
+        task in flight, whose train replies may still bring a score)."""
+        for pending in self.reports.collect(busy) if self.reports else []:
             self.finish(from_clients(pending))
 
     def finish(self, evaluation: Evaluation) -> None:
@@ -146,7 +147,8 @@ class Scoreboard:
             self.time_to_target = evaluation.virtual_time
 
     def drain(self, poll: float) -> None:
-        """Wait (each pending evaluation at most until its deadline) for the last replies."""
+        """Wait (each pending evaluation at most until its deadline) for the last evaluate
+        replies; no more train replies come."""
         while self.pending:
             self.collect()
             if self.pending:

@@ -4,12 +4,15 @@ Every train message asks its client to score the model it carries (the client's
 personalised model as sent) on the client's own held-out split before it trains; the train
 reply brings that score back and the server keeps each client's latest, with the version
 and the time of the model it belongs to. An evaluation uses those scores: a client training
-now counts with its latest whatever its age. Only an idle client whose last such score came
-in more than one `eval-interval` before the evaluation (or a client that has none yet)
-gets a Flower `evaluate` message with its model as it is then; a client whose evaluate
+now counts with its latest whatever its age, and one training with no score yet (the first
+evaluation: its first task is out) waits for the score its train reply brings (a reply with
+none, or a task that ends without a reply, turns into an evaluate message). Only an idle
+client whose last such score came in more than one `eval-interval` before the evaluation
+(or that has none yet) gets a Flower `evaluate` message with its model as it is then; a
+client whose evaluate
 message is still unanswered gets no second one: the later evaluation waits for the same
 reply. An evaluation is complete once every
-client it asked has answered, failed, or run out of time; completed ones come out in the
+client it waits for has answered, failed, or run out of time; completed ones come out in the
 order they were asked for. A failure that repeats (a dead node) is logged once per node
 and cause.
 """
@@ -69,12 +72,18 @@ class Asked:
 
 @dataclass
 class Pending:
-    """An evaluation waiting for evaluate replies; `scores` holds those it has, by client."""
+    """An evaluation waiting for evaluate replies and for the train replies of clients
+    training with no score yet; `scores` holds those it has, by client."""
 
     evaluation: Evaluation
     deadline: float
     waiting: dict[str, int] = field(default_factory=dict)  # message id -> client
+    training: dict[int, int] = field(default_factory=dict)  # client -> node
     scores: dict[int, Score] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        return not self.waiting and not self.training
 
 
 class ClientReports:
@@ -97,8 +106,10 @@ class ClientReports:
         return {ScoreKeys.ASK: 1}
 
     def take(self, task: Task, metrics: Mapping[str, Any], now: float) -> None:
-        """Keep the score a valid train reply reports for the model its task carried; a
-        malformed one is logged and dropped (the update itself stands)."""
+        """Keep the score a valid train reply reports for the model its task carried (and
+        give it to the evaluations waiting for it); a malformed one is logged and dropped
+        (the update itself stands)."""
+        kept = None
         try:
             score = parse_start_score(metrics)
         except InvalidReply as err:
@@ -109,11 +120,18 @@ class ClientReports:
                 task.client,
                 err,
             )
-            return
+            score = None
         if score is not None:
             accuracy, loss = score
             kept = Score(accuracy, loss, task.version, task.dispatched_at, from_training=True)
             self.reported[task.client] = (kept, now)
+        for pending in self.pending:
+            if pending.training.pop(task.client, None) is None:
+                continue
+            if kept is not None:
+                pending.scores[task.client] = kept
+            else:  # a ClientApp that reports no score
+                self.wait_for(pending, task.client, task.node)
 
     def fresh(self, client: int, at: float, busy: bool) -> Score | None:
         """The client's latest train-reply score if it came within one interval of `at`, or
@@ -124,7 +142,8 @@ class ClientReports:
 
     def start(self, evaluation: Evaluation, nodes: Nodes, busy: frozenset[int]) -> None:
         """Begin an evaluation: the scores clients reported while training or recently,
-        else evaluate messages (`busy`: the clients with a task in flight)."""
+        the train replies of those training with none yet, else evaluate messages (`busy`:
+        the clients with a task in flight)."""
         timeout = self.run.task_timeout or self.run.task_ttl
         pending = Pending(evaluation, time.monotonic() + timeout)
         for client in nodes.clients:
@@ -132,10 +151,17 @@ class ClientReports:
             if score is not None:
                 pending.scores[client] = score
                 continue
-            msg_id = self.ask(client, nodes.node_of[client], evaluation)
-            if msg_id is not None:
-                pending.waiting[msg_id] = client
+            if client in busy:
+                pending.training[client] = nodes.node_of[client]
+                continue
+            self.wait_for(pending, client, nodes.node_of[client])
         self.pending.append(pending)
+
+    def wait_for(self, pending: Pending, client: int, node: int) -> None:
+        """Ask `client` for its score by an evaluate message (unless the SuperLink refuses)."""
+        msg_id = self.ask(client, node, pending.evaluation)
+        if msg_id is not None:
+            pending.waiting[msg_id] = client
 
     def ask(self, client: int, node: int, evaluation: Evaluation) -> str | None:
         """The evaluate message whose reply scores `client` (one still unanswered, or a new
@@ -160,16 +186,21 @@ class ClientReports:
         self.asked[msg_id] = Asked(client, node, evaluation.version, evaluation.virtual_time)
         return msg_id
 
-    def collect(self) -> list[Pending]:
-        """Take the evaluate replies that are in; the evaluations now complete, in order."""
+    def collect(self, busy: frozenset[int]) -> list[Pending]:
+        """Take the evaluate replies that are in; the evaluations now complete, in order.
+        A client waited for while training whose task ended with no reply taken (rejected,
+        timed out, withdrawn) is asked by an evaluate message instead."""
         replies = self.transport.receive(list(self.asked)) if self.asked else []
         for reply in replies:
             asked = self.asked.pop(reply.msg_id, None)
             if asked is not None:
                 self.deliver(reply.msg_id, asked, self.check(asked, reply))
+        for pending in self.pending:
+            for client in [c for c in pending.training if c not in busy]:
+                self.wait_for(pending, client, pending.training.pop(client))
         self.expire(time.monotonic())
         complete = []
-        while self.pending and not self.pending[0].waiting:
+        while self.pending and self.pending[0].complete:
             complete.append(self.pending.pop(0))
         return complete
 
@@ -192,6 +223,14 @@ class ClientReports:
                     node,
                 )
             pending.waiting.clear()
+            for client in pending.training:
+                self.failures.warning(
+                    (client, "no train reply"),
+                    "evaluation: client %d's train reply (with its score) did not come in time; "
+                    "scored without it",
+                    client,
+                )
+            pending.training.clear()
         waited = {m for p in self.pending for m in p.waiting}
         self.asked = {m: a for m, a in self.asked.items() if m in waited}
 
