@@ -703,3 +703,23 @@ def test_a_training_client_with_no_score_yet_is_scored_by_its_train_reply() -> N
     (pending,) = reports.pending
     assert pending.scores == {0: Score(0.4, 2.0, 0, 0.0, from_training=True)}
     assert sorted(pending.waiting.values()) == [1, 2] and pending.training == {}
+
+
+@pytest.mark.parametrize(("metric", "kept"), [("accuracy", False), ("neg-mse", True)])
+def test_a_score_outside_0_1_stands_only_for_a_metric_other_than_accuracy(
+    metric: str, kept: bool, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A regression's neg-mse (or a user's own metric) may be any finite number."""
+    from types import SimpleNamespace
+
+    from fedstale.server_app.clock import Task
+    from fedstale.server_app.reports import ClientReports
+
+    run = run_config(num_clients=2, eval_target="per-client", metric=metric)
+    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    reports = ClientReports(run, model, RecordingSends(), LAYOUT)  # type: ignore[arg-type]
+    task = Task(0, 0, 10, "t0", 0, 0, 0.0, 5.0)
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        reports.take(task, {ScoreKeys.ACCURACY: -0.25, ScoreKeys.LOSS: 0.25}, 5.0)
+    assert (0 in reports.reported) == kept
+    assert any("outside [0, 1]" in r.getMessage() for r in caplog.records) != kept

@@ -281,24 +281,31 @@ def check_arrays(
             raise InvalidReply(f"array '{name}' holds NaN or Inf")
 
 
-def _require_accuracy(metrics: Mapping[str, Any], key: str) -> float:
+def _require_accuracy(metrics: Mapping[str, Any], key: str, bounded: bool) -> float:
+    """The score under `key`; in [0, 1] when `bounded` (the run's metric is `accuracy`; a
+    regression's `neg-mse` or a user's own metric is any finite number)."""
     accuracy = _require_float(metrics, key)
-    if not 0.0 <= accuracy <= 1.0:
+    if bounded and not 0.0 <= accuracy <= 1.0:
         raise InvalidReply(f"metric '{key}' = {accuracy} is outside [0, 1]")
     return accuracy
 
 
-def parse_start_score(metrics: Mapping[str, Any]) -> tuple[float, float] | None:
+def parse_start_score(
+    metrics: Mapping[str, Any], bounded: bool = True
+) -> tuple[float, float] | None:
     """The (accuracy, loss) a train reply reports for the model it was sent, None when it
-    reports none; raises InvalidReply when the score is there but does not hold up."""
+    reports none; raises InvalidReply when the score is there but does not hold up
+    (`bounded`: the accuracy must be in [0, 1])."""
     if ScoreKeys.ACCURACY not in metrics and ScoreKeys.LOSS not in metrics:
         return None
-    return _require_accuracy(metrics, ScoreKeys.ACCURACY), _require_float(metrics, ScoreKeys.LOSS)
+    accuracy = _require_accuracy(metrics, ScoreKeys.ACCURACY, bounded)
+    return accuracy, _require_float(metrics, ScoreKeys.LOSS)
 
 
-def parse_eval_metrics(metrics: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate an evaluate reply's MetricRecord; raises InvalidReply naming the first fault."""
-    accuracy = _require_accuracy(metrics, ReplyKeys.ACCURACY)
+def parse_eval_metrics(metrics: Mapping[str, Any], bounded: bool = True) -> dict[str, Any]:
+    """Validate an evaluate reply's MetricRecord; raises InvalidReply naming the first fault
+    (`bounded`: the accuracy must be in [0, 1])."""
+    accuracy = _require_accuracy(metrics, ReplyKeys.ACCURACY, bounded)
     return {
         ReplyKeys.TASK_ID: _require_int(metrics, ReplyKeys.TASK_ID, 0),
         ReplyKeys.PARTITION_ID: _require_int(metrics, ReplyKeys.PARTITION_ID, 0),

@@ -99,6 +99,7 @@ class ClientReports:
         self.pending: list[Pending] = []
         self.messages = 0
         self.failures = OnceLog(log)
+        self.bounded = run.metric == "accuracy"  # scores of any other metric: any finite
 
     @staticmethod
     def task_entries() -> dict[str, Any]:
@@ -111,7 +112,7 @@ class ClientReports:
         (the update itself stands)."""
         kept = None
         try:
-            score = parse_start_score(metrics)
+            score = parse_start_score(metrics, self.bounded)
         except InvalidReply as err:
             log.warning(
                 "rejected score: node %d, task %d (client %d): %s",
@@ -243,7 +244,7 @@ class ClientReports:
         )
         if not reason:
             try:
-                metrics = parse_eval_metrics(reply.metrics)
+                metrics = parse_eval_metrics(reply.metrics, self.bounded)
                 if metrics[ReplyKeys.PARTITION_ID] != asked.client:
                     raise InvalidReply(f"reply claims client {metrics[ReplyKeys.PARTITION_ID]}")
                 accuracy, loss = metrics[ReplyKeys.ACCURACY], metrics[ReplyKeys.LOSS]
