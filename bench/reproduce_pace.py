@@ -240,16 +240,16 @@ def fig5_table(results: list[dict[str, Any]], updates: int) -> str:
         [
             "variant",
             *[f"{part} ours" for part in PARTITIONS],
-            "multicasts (Dir 0.1)",
+            "tasks superseded by multicasts (Dir 0.1)",
             "downlinks / uplinks (Dir 0.1)",
         ],
     )
     for label, method in FIG5.items():
         cells = [mean_std(cell(results, method, part)) for part in PARTITIONS]
         runs = matching(results, method=method, partition="dir0.1")
-        multicast = [float(r["summary"]["tasks_superseded"]) for r in runs]
+        superseded = [float(r["summary"]["tasks_superseded"]) for r in runs]
         downlinks = [r["summary"]["downlinks"] / r["summary"]["uplinks"] for r in runs]
-        cells.append(mean_std(multicast) if runs else "-")
+        cells.append(mean_std(superseded) if runs else "-")
         cells.append(mean_std(downlinks, digits=3) if runs else "-")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
