@@ -19,12 +19,16 @@ test set, about 50 times a run (eval-interval from the run's expected virtual le
 Oscillation: std of the evaluations over the last 20% of the run.
 
 The regimes suite (3 seeds of FedQS-SGD and SAFL FedSGD per cell) runs alpha 0.1 and the
-robustness settings with K = 10% of N in two regimes: ours (each FIFO entry aggregates the
-update its client uploaded; `fifo-update=uploaded`) and the authors' simulator's (each entry
-aggregates its client's newest update by then, since their queue holds a file the client
-overwrites when it retrains; `fifo-update=newest`). It adds the authors' own "1:20" (integer
-resources in [1, 19], period r + 1: periods 2-20, i.e. 1:10) beside ours (periods 1-20), and
-FedQS-SGD with uniform base weights (`fedqs-base-weights=uniform`) at alpha 0.1.
+robustness settings with K = 10% of N in our regime (each FIFO entry aggregates the update
+its client uploaded, `fifo-update=uploaded`, with every client in flight) and in the
+authors' simulator's, two ways: `fifo-update=newest` (each entry aggregates its client's
+newest update by then, as their queue holds a file the client overwrites when it retrains;
+in our engine a batch is aggregated the moment its K-th update arrives, so an entry's client
+has a newer update only when it is twice in that batch) and "concurrency K" (K clients in
+flight, for about the authors' effective staleness of ~1.2 versions). It adds the authors'
+own "1:20" (integer resources in [1, 19], period r + 1: periods 2-20, i.e. 1:10) beside ours
+(periods 1-20), and FedQS-SGD with uniform base weights (`fedqs-base-weights=uniform`) at
+alpha 0.1.
 
 Runs use the real engine, strategies and client code in-process, several at once on
 separate cores; results.jsonl keeps each finished run, so an interrupted grid resumes.
@@ -97,7 +101,13 @@ PAPER_ROBUSTNESS = {  # final accuracy %; the paper has no SAFL FedSGD here
     "200 clients 1:100": {"fedavg": 49.4, "fedqs-sgd": 80.1},
 }
 ROBUSTNESS_METHODS = ("fedavg", "fedqs-sgd", "safl-fedsgd")  # the paper's two, and our baseline
-REGIMES = {"ours": {"fifo-update": "uploaded"}, "authors'": {"fifo-update": "newest"}}
+REGIMES: dict[str, dict[str, Any]] = {
+    "ours": {"fifo-update": "uploaded"},
+    "authors'": {"fifo-update": "newest"},
+    # The authors' effective staleness (~1.2 versions) by concurrency instead: K in flight.
+    "concurrency K": {"concurrency": None},  # None: the setting's buffer-size
+}
+REGIME_SLUGS = {"ours": "uploaded", "authors'": "newest", "concurrency K": "concurrency-k"}
 REGIME_SETTINGS: dict[str, dict[str, Any]] = {  # K = 10% of N throughout
     "alpha 0.1, 100 clients 1:50, K 10": {},
     "50 clients 1:20 (periods 1-20), K 5": {
@@ -158,13 +168,14 @@ EVALUATIONS = 50  # per run, whatever its virtual length: the oscillation needs 
 def expected_length(values: dict[str, Any]) -> float:
     """Virtual time a run of `max-updates` updates takes on average with periods uniform in
     [a, b]: synchronous FedAvg waits for the slowest of its C clients each round (E max =
-    a + (b - a) C / (C + 1)); every other method keeps all N clients busy, whose updates
-    arrive at N E[1 / period] = N ln(b / a) / (b - a) per unit."""
+    a + (b - a) C / (C + 1)); every other method keeps its C (`concurrency`) clients busy,
+    whose updates arrive at about C E[1 / period] = C ln(b / a) / (b - a) per unit."""
     low, high, updates = values["latency-min"], values["latency-max"], values["max-updates"]
     if values["strategy"] == "fedavg":
         clients = values["concurrency"]
         return updates / clients * (low + (high - low) * clients / (clients + 1))
-    return updates / (values["num-clients"] * math.log(high / low) / (high - low))
+    busy = values.get("concurrency", values["num-clients"])
+    return updates / (busy * math.log(high / low) / (high - low))
 
 
 def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
@@ -232,7 +243,9 @@ def regime_jobs(seeds: int, seeds_all: int, settings: str = ",".join(SETTING_KEY
                     labels = {"suite": "regimes", "setting": setting, "method": method}
                     labels |= {"regime": regime, "seed": seed}
                     values = {**strategy, "dirichlet-alpha": 0.1, **config, **reading}
-                    name = f"regime-{s}-{m}-{reading['fifo-update']}-s{seed}"
+                    if "concurrency" in reading:
+                        values["concurrency"] = values.get("buffer-size", PROTOCOL["buffer-size"])
+                    name = f"regime-{s}-{m}-{REGIME_SLUGS[regime]}-s{seed}"
                     jobs.append(Job(name, labels, {**values, "seed": seed}))
     return jobs
 
@@ -412,7 +425,8 @@ def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
     lines = table_head(
         f"FedQS-SGD and SAFL FedSGD on Fashion-MNIST, alpha 0.1, {aggregations} aggregations "
         "of K = 10% of N: final accuracy (%) when each FIFO entry aggregates the update its "
-        "client uploaded (ours) or its client's newest (the authors' simulator).",
+        "client uploaded with every client in flight (ours), its client's newest (authors'), "
+        "or with K clients in flight (concurrency K: about the authors' staleness).",
         ["setting", *[f"{m}, {r}" for m, r in columns]],
     )
     for setting in REGIME_SETTINGS:

@@ -71,11 +71,16 @@ def test_pairs_over_seeds_give_each_seeds_difference() -> None:
 def test_regimes_run_the_chosen_settings_every_seed_of_one_before_the_next() -> None:
     jobs = regime_jobs(seeds=3, seeds_all=1, settings="50c,a0.1")
     settings = [job.labels["setting"] for job in jobs]
-    # alpha 0.1: 2 methods x 2 regimes + uniform weights in ours = 5 a seed; 50 clients: 4
-    assert len(jobs) == 3 * 5 + 3 * 4
+    # alpha 0.1: 2 methods x 3 regimes + uniform weights in ours = 7 a seed; 50 clients: 6
+    assert len(jobs) == 3 * 7 + 3 * 6
     assert settings == sorted(settings, key=settings.index)  # grouped, in the table's order
     assert settings[0].startswith("alpha 0.1") and settings[-1].startswith("50 clients 1:20")
-    assert [job.labels["seed"] for job in jobs[:15:5]] == [0, 1, 2]
+    assert [job.labels["seed"] for job in jobs[:21:7]] == [0, 1, 2]
+    few = [job for job in jobs if job.labels["regime"] == "concurrency K"]
+    assert {(j.config.get("num-clients"), j.config["concurrency"]) for j in few} == {
+        (None, 10),
+        (50, 5),
+    }
     uniform = [job for job in jobs if "uniform" in job.labels["method"]]
     assert {(j.labels["regime"], j.config["fedqs-base-weights"]) for j in uniform} == {
         ("ours", "uniform")
