@@ -9,12 +9,10 @@ evaluation: its first task is out) waits for the score its train reply brings (a
 none, or a task that ends without a reply, turns into an evaluate message). Only an idle
 client whose last such score came in more than one `eval-interval` before the evaluation
 (or that has none yet) gets a Flower `evaluate` message with its model as it is then; a
-client whose evaluate
-message is still unanswered gets no second one: the later evaluation waits for the same
-reply. An evaluation is complete once every
-client it waits for has answered, failed, or run out of time; completed ones come out in the
-order they were asked for. A failure that repeats (a dead node) is logged once per node
-and cause.
+client whose evaluate message is still unanswered gets no second one: the later evaluation
+waits for the same reply. An evaluation is complete once every client it waits for has
+answered, failed, or run out of time; completed ones come out in the order they were asked
+for. A failure that repeats (a dead node) is logged once per node and cause.
 """
 
 from __future__ import annotations
