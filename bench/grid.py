@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import json
 import multiprocessing
+import sys
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -72,10 +73,16 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
     todo = [job for job in jobs if job.name not in done]
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
+    failed: list[str] = []
     with context.Pool(workers, initializer=one_core) as pool, done_path.open("a") as sink:
         pending = [pool.apply_async(runner, (job, str(out / "runs"))) for job in todo]
-        for index, handle in enumerate(pending, 1):
-            result = handle.get()
+        for index, (job, handle) in enumerate(zip(todo, pending, strict=True), 1):
+            try:
+                result = handle.get()
+            except Exception as err:  # one job's failure must not cost the others' runs
+                failed.append(job.name)
+                print(f"[{index}/{len(pending)}] {job.name}: failed: {err}", flush=True)
+                continue
             sink.write(json.dumps(result) + "\n")
             sink.flush()
             done[result["name"]] = result
@@ -86,6 +93,13 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
                 f"{result['summary']['final_accuracy']:.4f} ({elapsed:.0f} s, eta {eta:.0f} s)",
                 flush=True,
             )
+    if failed:
+        print(
+            f"{len(failed)} of {len(pending)} runs failed ({', '.join(failed)}); the others are "
+            f"in {done_path}: fix the cause and rerun the same command to run only those",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
     return [done[job.name] for job in jobs]
 
 

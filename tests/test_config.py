@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fedstale.common import partition
 from fedstale.common.config import ConfigError, parse_faults
 from fedstale.launcher.cli import main
 from fedstale.launcher.launch import parse_pairs
@@ -96,6 +97,20 @@ def test_cli_local_bad_value_is_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["run", "--local", "--app", str(ROOT), "--run-config", "lr=-1"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedstale: ") and "lr" in err[0]
+
+
+def test_a_partition_no_draw_can_meet_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(partition, "PER_CLASS_DRAWS", 20)  # the same refusal, sooner
+    config = (
+        "dataset=digits model=mlp num-clients=150 concurrency=10 partition=dirichlet "
+        f"dirichlet-convention=per-class dirichlet-alpha=0.01 runs-dir={tmp_path}"
+    )
+    assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "per-class Dirichlet(0.01) over 150 clients" in err[0]
+    assert not any(tmp_path.iterdir())  # refused before a run folder was made
 
 
 def test_pyproject_defaults_match_the_models() -> None:

@@ -172,6 +172,12 @@ def test_per_class_dirichlet_sizes_differ() -> None:
     assert max(sizes) > 2 * min(sizes)
 
 
+def test_per_class_dirichlet_that_no_draw_meets_is_refused_in_one_config_line() -> None:
+    labels = np.repeat(np.arange(2), 20)  # 4 clients need 5 samples each; alpha 0.001 never
+    with pytest.raises(ConfigError, match=r"Dirichlet\(0.001\) over 4 clients .* 5,000 draws"):
+        partition(labels, 4, "dirichlet", seed=0, alpha=0.001, convention="per-class")
+
+
 def test_quantity_dirichlet_sizes_differ_above_a_floor_and_labels_stay_iid() -> None:
     parts = partition(LABELS, 20, "quantity-dirichlet", seed=0, alpha=1.0)
     sizes = np.array([len(p) for p in parts])

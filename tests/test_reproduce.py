@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 
 from bench import reproduce
-from bench.grid import Job
+from bench.grid import Job, run_all
 from bench.reproduce import Paper, Suite
 from bench.reproduce_fedqs import FEDQS
 from bench.reproduce_mafsa import MAFSA
@@ -81,6 +82,32 @@ def test_report_tabulates_only_the_runs_results_jsonl_holds(
         f"2 done in {tmp_path.name}",
     ]
     assert (tmp_path / "only.md").read_text() == "| job-0 | job-2 |\n" and not ran
+
+
+def runs_unless_named_bad(job: Job, runs_dir: str) -> dict[str, object]:
+    """A grid runner (top level: the pool's spawned workers import it) whose job 'bad' fails
+    as a run refused by its config does."""
+    if job.name == "bad":
+        raise ValueError("dirichlet-alpha too small for 200 clients")
+    return {"name": job.name, "summary": {"final_accuracy": 0.5}, "seconds": 0.0}
+
+
+def test_a_failed_job_costs_the_grid_only_itself(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(signal, "signal", lambda *_: None)  # keep pytest's SIGTERM handler
+    jobs = [Job(name, {}, {}) for name in ("first", "bad", "last")]
+    with pytest.raises(SystemExit) as stopped:
+        run_all(jobs, runs_unless_named_bad, tmp_path, workers=1)
+    assert stopped.value.code == 2
+    recorded = (tmp_path / "results.jsonl").read_text().splitlines()
+    assert [json.loads(line)["name"] for line in recorded] == ["first", "last"]
+    out, err = capsys.readouterr()
+    assert "[2/3] bad: failed: dirichlet-alpha too small for 200 clients" in out
+    assert err.startswith("1 of 3 runs failed (bad)") and "rerun the same command" in err
+    with pytest.raises(SystemExit):  # a rerun retries only the failed job
+        run_all(jobs, runs_unless_named_bad, tmp_path, workers=1)
+    assert capsys.readouterr().out.startswith("[1/1] bad: failed")
 
 
 def test_a_curve_reaches_a_target_in_percent_or_as_a_fraction() -> None:

@@ -91,6 +91,8 @@ def require_dataset(cfg: RunConfig) -> None:
     if cfg.own_code:
         _check_labels(cfg, data)
         _try_batch(cfg, data)
+    if cfg.partition == "dirichlet" and cfg.dirichlet_convention == "per-class":
+        build_federation(FederationKey.of(cfg))  # the one partition that can refuse a seed
 
 
 def _check_labels(cfg: RunConfig, data: Dataset) -> None:
