@@ -53,7 +53,7 @@ def _draw_mixes(alpha_p: np.ndarray, count: int, rng: np.random.Generator) -> np
         if not bad.any():
             return mixes
         mixes[bad] = rng.dirichlet(alpha_p, size=int(bad.sum()))
-    raise RuntimeError("Dirichlet draws stayed non-finite; raise dirichlet-alpha")
+    raise ConfigError("Dirichlet draws stayed non-finite; raise dirichlet-alpha")
 
 
 def _balance_mixes(
