@@ -40,10 +40,40 @@ class FailingGrid:
         raise ConnectionError("SuperLink unreachable")
 
 
+class RacingGrid:
+    """The SuperLink's pull: the first pull of an id whose reply is in takes it and deletes
+    it; a later pull of that id gets an error reply (code 3, "Message Unavailable"). Pull
+    number k (from 0) answers only once `gates[k]` is set, when the test gives it one."""
+
+    def __init__(self, finished: set[str]) -> None:
+        self.finished = set(finished)
+        self.taken: set[str] = set()
+        self.gates: dict[int, threading.Event] = {}
+        self.calls: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def pull_messages(self, msg_ids: Iterable[str]) -> list[Reply]:
+        with self.lock:
+            asked = sorted(msg_ids)
+            number = len(self.calls)
+            self.calls.append(asked)
+            took = sorted(self.finished & set(asked))
+            gone = sorted(self.taken & set(asked))
+            self.finished -= set(took)
+            self.taken |= set(took)
+        gate = self.gates.get(number)
+        if gate is not None:
+            gate.wait(10)
+        unavailable = [Reply(m, error_code=3, error="Message Unavailable") for m in gone]
+        return [Reply(m) for m in took] + unavailable
+
+
 @pytest.fixture(autouse=True)
 def plain_replies(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake grid's messages are their ids."""
-    monkeypatch.setattr(transport, "reply_from_message", lambda msg: Reply(msg))
+    """The fake grids' messages are their ids, or their replies already."""
+    monkeypatch.setattr(
+        transport, "reply_from_message", lambda msg: msg if isinstance(msg, Reply) else Reply(msg)
+    )
 
 
 def ids(replies: list[Reply]) -> list[str]:
@@ -99,6 +129,81 @@ def test_unclaimed_replies_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
     time.sleep(0.01)
     link.receive([])
     assert link.ready == {}
+
+
+def collect(link: GridTransport, wanted: list[str], seconds: float) -> list[Reply]:
+    """Every reply `receive` hands out over `seconds`."""
+    got: list[Reply] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        got += link.receive(wanted)
+        time.sleep(0.01)
+    return got
+
+
+def receive_replies_until(link: GridTransport, wanted: list[str], awaited: str) -> list[Reply]:
+    """What `receive` hands out until a reply to `awaited` comes (a caller then stops
+    asking for it)."""
+    got: list[Reply] = []
+    deadline = time.monotonic() + 5
+    while awaited not in ids(got) and time.monotonic() < deadline:
+        got += link.receive(wanted)
+    return got
+
+
+def test_an_error_from_an_overlapping_pull_never_costs_the_reply_it_raced() -> None:
+    """The first pull takes "a" and hangs (a stalled SuperLink); the second pull of "a",
+    started once the first has run the pull wait, is answered with an error first. The
+    error is held, and the real reply is handed out when the first pull ends."""
+    grid = RacingGrid({"a"})
+    first = grid.gates[0] = threading.Event()
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    assert link.receive(["a", "b"]) == []
+    assert collect(link, ["a", "b"], 0.3) == []  # the second pull's error is not handed out
+    assert len(grid.calls) >= 2 and all(call == ["a", "b"] for call in grid.calls)
+    first.set()
+    got = receive_replies_until(link, ["a", "b"], "a")
+    assert [(r.msg_id, r.error_code) for r in got] == [("a", None)]
+    assert link.held == {}
+
+
+def test_a_real_reply_wins_when_both_pulls_end_before_the_same_gather() -> None:
+    grid = RacingGrid({"a"})
+    gates = [grid.gates.setdefault(k, threading.Event()) for k in (0, 1)]
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    assert link.receive(["a"]) == []
+    time.sleep(0.06)
+    assert link.receive(["a"]) == []  # a second pull of "a": it will get the error
+    for gate in reversed(gates):  # the error's pull ends first
+        gate.set()
+    for pull in link.pulls:
+        assert pull.done.wait(5)
+    got = link.receive(["a"])
+    assert [(r.msg_id, r.error_code) for r in got] == [("a", None)]
+
+
+def test_an_error_arriving_after_its_reply_was_handed_out_is_dropped() -> None:
+    grid = RacingGrid({"a"})
+    late_error = grid.gates[1] = threading.Event()
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    grid.gates[0] = threading.Event()
+    assert link.receive(["a"]) == []
+    time.sleep(0.06)
+    assert link.receive(["a"]) == []  # the second pull hangs too
+    grid.gates[0].set()
+    got = receive_replies_until(link, ["a"], "a")
+    assert [(r.msg_id, r.error_code) for r in got] == [("a", None)]
+    late_error.set()
+    assert collect(link, [], 0.2) == []
+    assert link.ready == {} and link.delivered == {}
+
+
+def test_a_genuine_error_is_handed_out_once_no_pull_can_overrule_it() -> None:
+    grid = RacingGrid(set())
+    grid.taken.add("expired")  # the SuperLink answers every pull of it with an error
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    got = link.receive(["expired"])
+    assert [(r.msg_id, r.error_code) for r in got] == [("expired", 3)]
 
 
 def test_a_failed_pull_raises_in_the_engine_thread() -> None:

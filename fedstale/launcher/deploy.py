@@ -169,6 +169,7 @@ class LocalDeployment:
     simulation: bool = False  # a simulation SuperLink: Flower runs the ClientApps itself
     task_poll_interval: float = 0.1
     edges: int = 0  # > 0: node i names edge-id i * edges // num_nodes (MAFSA's topology)
+    bin_dir: Path | None = None  # Flower's and fedstale's commands from here (another venv)
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
@@ -180,13 +181,19 @@ class LocalDeployment:
 
     @property
     def env(self) -> dict[str, str]:
-        return flower_env(FLWR_HOME=str(self.home))
+        env = flower_env(FLWR_HOME=str(self.home))
+        if self.bin_dir is not None:
+            env["PATH"] = os.pathsep.join([str(self.bin_dir), env["PATH"]])
+        return env
+
+    def tool(self, name: str) -> str:
+        return str(self.bin_dir / name) if self.bin_dir is not None else tool(name)
 
     def security(self) -> list[str]:
         return ["--insecure"] if self.tls is None else []
 
     def superlink_command(self) -> list[str]:
-        command = [tool("flower-superlink"), *self.security()]
+        command = [self.tool("flower-superlink"), *self.security()]
         if self.tls is not None:
             command += ["--ssl-ca-certfile", str(self.tls.ca)]
             command += ["--ssl-certfile", str(self.tls.cert), "--ssl-keyfile", str(self.tls.key)]
@@ -213,7 +220,7 @@ class LocalDeployment:
         if self.edges:
             node_config += f" edge-id={self.edge_of(partition)}"
         return [
-            tool("flower-supernode"),
+            self.tool("flower-supernode"),
             *security,
             "--superlink",
             self.address,
@@ -241,7 +248,7 @@ class LocalDeployment:
     def register(self, partition: int) -> None:
         """`flwr supernode register` the node's public key with the SuperLink."""
         public_key = f"{self.key_of(partition)}.pub"
-        command = [tool("flwr"), "supernode", "register", public_key, CONNECTION]
+        command = [self.tool("flwr"), "supernode", "register", public_key, CONNECTION]
         result = subprocess.run(command, env=self.env, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"registering {public_key} failed: {result.stdout[-500:]}")
@@ -274,7 +281,8 @@ class LocalDeployment:
         """`fedstale run` against this SuperLink, with the wall-clock defaults."""
         config = deployment_config(self.num_nodes, overrides, self.edges)
         run_config = ["--run-config", to_flower(config)]
-        return [tool("fedstale"), "run", "--app", str(app), "--superlink", CONNECTION, *run_config]
+        launch = ["run", "--app", str(app), "--superlink", CONNECTION]
+        return [self.tool("fedstale"), *launch, *run_config]
 
     def run_app(
         self, app: Path, overrides: dict[str, Any], timeout: float, capture: bool = True

@@ -8,8 +8,9 @@ Pulls run in a thread of their own. Flower's `pull_messages` blocks until every 
 every reply it took is downloaded; a node that dies mid-upload leaves a reply whose objects
 never come, and the pull then waits out the SuperLink's object-push session (180 s in
 Flower 1.41) before it answers with an error. A pull still running after `pull_wait` is left
-to finish on its own (its replies are delivered when it does) and the next `receive` starts
-a fresh one, so the other clients' replies, node refreshes and dispatch go on meanwhile.
+to finish on its own (its replies are delivered when it does) and a later `receive` starts
+a fresh one, so the other clients' replies, node refreshes and dispatch go on meanwhile;
+how overlapping pulls of one id are kept from losing its reply: `GridTransport`.
 A late pull may bring replies that a different caller waits for (task replies and node
 queries share the transport), so replies wait in `ready` until someone asks for them.
 """
@@ -17,6 +18,7 @@ queries share the transport), so replies wait in `ready` until someone asks for 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Iterable, Mapping
@@ -104,6 +106,7 @@ class Pull:
 
     def __init__(self, grid: Grid, msg_ids: list[str]) -> None:
         self.started = time.monotonic()
+        self.ids = frozenset(msg_ids)
         self.done = threading.Event()
         self.replies: list[Reply] = []
         self.failure: BaseException | None = None
@@ -125,7 +128,18 @@ class Pull:
 
 
 class GridTransport:
-    """Transport over a Flower Grid (simulation or deployment alike)."""
+    """Transport over a Flower Grid (simulation or deployment alike).
+
+    The SuperLink hands a reply to the first pull that asks for it and deletes it; a second
+    pull of the same id that reaches the SuperLink meanwhile is answered with an error
+    ("Message Unavailable"). So a reply is never lost to such an error:
+    - an id is pulled again only once every pull asking for it has run `pull_wait` (a pull
+      stuck on one node's upload must not hold up the others' replies);
+    - a real reply always wins over an error reply to the same id, in whatever order their
+      pulls finish;
+    - an error reply to an id that another pull still running may bring is held until that
+      pull ends, and dropped if it brought the reply (or the reply was already delivered).
+    """
 
     def __init__(self, grid: Grid, ttl: float, pull_wait: float = PULL_WAIT_SECONDS) -> None:
         self.grid = grid
@@ -134,6 +148,8 @@ class GridTransport:
         self.pull_wait = pull_wait
         self.pulls: list[Pull] = []
         self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
+        self.held: dict[str, Reply] = {}  # error replies another running pull may overrule
+        self.delivered: dict[str, float] = {}  # msg_id -> when its real reply was handed out
 
     def node_ids(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -157,20 +173,32 @@ class GridTransport:
         time.sleep(seconds)
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
-        """Replies to `msg_ids` ready now: a fresh pull's (waited for up to `pull_wait`)
-        and those that earlier pulls have brought in since."""
+        """Replies to `msg_ids` ready now: those earlier pulls have brought in, and a fresh
+        pull's (waited for up to `pull_wait`) of the ids no recent pull asks for yet."""
         wanted = set(msg_ids)
-        if wanted:
-            pull = Pull(self.grid, sorted(wanted))
+        self._gather()
+        fresh = wanted - self.ready.keys() - self._recently_pulled()
+        if fresh:
+            pull = Pull(self.grid, sorted(fresh))
             self.pulls.append(pull)
             pull.done.wait(self.pull_wait)
-        self._gather()
+            self._gather()
         claimed = [msg_id for msg_id in self.ready if msg_id in wanted]
-        return [self.ready.pop(msg_id)[1] for msg_id in claimed]
+        replies = [self.ready.pop(msg_id)[1] for msg_id in claimed]
+        now = time.monotonic()
+        self.delivered.update((r.msg_id, now) for r in replies if r.error_code is None)
+        return replies
+
+    def _recently_pulled(self) -> set[str]:
+        """Ids a running pull younger than `pull_wait` asks for: not pulled twice at once."""
+        now = time.monotonic()
+        young = [p for p in self.pulls if now - p.started < self.pull_wait]
+        return set().union(*(p.ids for p in young))
 
     def _gather(self) -> None:
-        """Move finished pulls' replies into `ready`; drop replies nobody asked for within
-        UNCLAIMED_SECONDS (their task was retired meanwhile)."""
+        """Move finished pulls' replies into `ready` (real replies first, errors as the class
+        says), release held errors no running pull can overrule any more, and drop replies
+        nobody asked for within UNCLAIMED_SECONDS."""
         finished, running = [], []
         for pull in self.pulls:
             (finished if pull.done.is_set() else running).append(pull)
@@ -178,17 +206,44 @@ class GridTransport:
         for pull in running:
             self._report_slow(pull)
         now = time.monotonic()
-        for pull in finished:
-            self.ready.update((reply.msg_id, (now, reply)) for reply in pull.result())
+        replies = [reply for pull in finished for reply in pull.result()]
+        for reply in sorted(replies, key=lambda r: r.error_code is not None):
+            self._take(reply, now, running)
+        covered = set().union(*(p.ids for p in running))
+        for msg_id in [m for m in self.held if m not in covered]:
+            self.ready[msg_id] = (now, self.held.pop(msg_id))
+        self._forget(now, running)
+
+    def _take(self, reply: Reply, now: float, running: list[Pull]) -> None:
+        msg_id = reply.msg_id
+        if reply.error_code is None:
+            self.held.pop(msg_id, None)
+            self.ready[msg_id] = (now, reply)
+            return
+        pending = self.ready.get(msg_id)
+        if msg_id in self.delivered or (pending and pending[1].error_code is None):
+            log.debug("error reply to %s dropped: another pull took its reply", msg_id)
+        elif any(msg_id in p.ids for p in running):
+            self.held[msg_id] = reply  # the pull still running may bring the real reply
+        elif pending is None:
+            self.ready[msg_id] = (now, reply)
+
+    def _forget(self, now: float, running: list[Pull]) -> None:
+        """Drop replies unclaimed for UNCLAIMED_SECONDS, and delivered ids that no running
+        pull started before their delivery (only such a pull can bring an error for one)."""
         for msg_id in [m for m, (at, _) in self.ready.items() if now - at > UNCLAIMED_SECONDS]:
-            del self.ready[msg_id]
-            log.info("dropped a reply to message %s: nothing awaits it any more", msg_id)
+            _, reply = self.ready.pop(msg_id)
+            if reply.error_code is None:
+                log.warning("dropped the reply to message %s: nothing asked for it", msg_id)
+        oldest = min((p.started for p in running), default=math.inf)
+        for msg_id in [m for m, at in self.delivered.items() if at < oldest]:
+            del self.delivered[msg_id]
 
     def _report_slow(self, pull: Pull) -> None:
         if not pull.reported:
             pull.reported = True
             log.warning(
-                "a reply pull has run %.0f s (a node may have died while uploading); "
-                "the run goes on and its replies count when it finishes",
+                "a reply pull has run %.0f s (a busy SuperLink, or a node that died while "
+                "uploading); the run goes on and its replies count when it finishes",
                 time.monotonic() - pull.started,
             )
