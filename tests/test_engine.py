@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -14,7 +16,7 @@ from fedstale.common.models import ParamLayout
 from fedstale.common.schema import MSG_TRAIN
 from fedstale.server_app.clock import Task
 from fedstale.server_app.engine import Engine, EngineError
-from fedstale.server_app.transport import SendRefused
+from fedstale.server_app.transport import Reply, SendRefused
 from fedstale.strategies.base import (
     Assignment,
     NoParams,
@@ -323,3 +325,68 @@ def test_update_budget_counts_accepted_updates() -> None:
     assert engine.counters.accepted == 9  # three rounds of three
     assert engine.version == 3
     assert engine.stop_reason == "update budget 9"
+
+
+class HoldingBack(ScriptedTransport):
+    """Holds the replies of tasks `held` back for `seconds` of wall time after their send
+    (a node that answers after the task timeout), then hands each out `copies` times."""
+
+    def __init__(self, *args: Any, held: set[int], seconds: float, copies: int = 1, **kw: Any):
+        super().__init__(*args, **kw)
+        self.held, self.seconds, self.copies = held, seconds, copies
+        self.release: dict[str, float] = {}
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
+        msg_id = super().send(node_id, message_type, config, arrays, sets)
+        if message_type == MSG_TRAIN and config["task-id"] in self.held:
+            self.release[msg_id] = time.monotonic() + self.seconds
+        return msg_id
+
+    def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
+        asked = list(msg_ids)
+        now = time.monotonic()
+        held = [m for m in asked if self.release.get(m, 0.0) > now]
+        replies = super().receive([m for m in asked if m not in held])
+        for reply in [r for r in replies if r.msg_id in self.release]:
+            replies += [reply] * (self.copies - 1)
+        return replies
+
+
+def late_run(strategy_cls: type[Strategy], copies: int = 1) -> TaskHistoryEngine:
+    transport = HoldingBack(6, delta_reply, seed=3, held={1}, seconds=0.6, copies=copies)
+    engine = make_engine(
+        transport, strategy_cls, task_timeout=0.2, max_virtual_time=0.0, max_wall_seconds=1.5
+    )
+    engine.run_loop()
+    return engine
+
+
+def test_a_reply_after_its_task_timed_out_is_taken_late_and_counted_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.INFO, logger="fedstale"):
+        engine = late_run(Recording, copies=2)
+    rows = engine.recorder.updates  # type: ignore[attr-defined]
+    late = [row for row in rows if row.get("late")]
+    assert [row["task"] for row in late] == [1]
+    assert late[0]["staleness"] > 0  # the others went on meanwhile
+    assert [row["task"] for row in rows].count(1) == 1  # the second copy is not counted
+    assert engine.counters.late == 1 and engine.counters.failed == 0
+    assert sum("late reply to task 1 (client" in r.getMessage() for r in caplog.records) == 1
+    seen = [u.task_id for u in engine.strategy.seen]  # type: ignore[attr-defined]
+    assert seen.count(1) == 1
+
+
+def test_a_late_reply_a_closed_synchronous_round_cannot_take_is_refused_with_its_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        engine = late_run(FedAvg)
+    assert engine.counters.late == 0 and engine.counters.failed == 1
+    (reason,) = engine.counters.late_refused
+    assert "synchronous round" in reason and engine.counters.late_refused[reason] == 1
+    assert 1 not in [row["task"] for row in engine.recorder.updates]  # type: ignore[attr-defined]
+    assert any(
+        "late reply to task 1" in r.getMessage() and reason in r.getMessage()
+        for r in caplog.records
+    )

@@ -8,7 +8,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedstale.common.config import RunConfig
 
@@ -22,6 +22,8 @@ class Counters:
     rejected: int = 0
     failed: int = 0
     superseded: int = 0
+    late: int = 0  # accepted updates whose task had been written off (no longer lost)
+    late_refused: dict[str, int] = field(default_factory=dict)  # reason -> late replies
     client_compute_seconds: float = 0.0
 
 

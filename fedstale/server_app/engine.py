@@ -28,7 +28,7 @@ from fedstale.server_app.evaluation import ClientScorer, Evaluation, Evaluator, 
 from fedstale.server_app.nodes import NodeBook, Nodes
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
-from fedstale.strategies.base import Assignment, InFlight, Outcome, Strategy, View
+from fedstale.strategies.base import Assignment, InFlight, Outcome, Strategy, Update, View
 
 log = logging.getLogger("fedstale")
 
@@ -124,18 +124,15 @@ class Engine:
         return [c for c in self.nodes.clients if counts.get(c) == 1]
 
     def view(self, candidates: list[int], capacity: int) -> View:
-        accepted = self.counters.accepted
-        in_flight = tuple(
-            InFlight(
-                t.task_id,
-                t.client,
-                t.version,
-                self.version - t.version,
-                accepted - t.accepted_before,
-            )
-            for t in self.tasks.values()
-        )
+        in_flight = tuple(self.in_flight(t) for t in self.tasks.values())
         return View(self.version, tuple(candidates), in_flight, capacity)
+
+    def in_flight(self, task: Task) -> InFlight:
+        """A task as a strategy sees it: staleness in versions and in arrivals."""
+        arrivals = self.counters.accepted - task.accepted_before
+        return InFlight(
+            task.task_id, task.client, task.version, self.version - task.version, arrivals
+        )
 
     def fill(self) -> None:
         """Dispatch what the strategy plans while a client can take a task."""
@@ -244,26 +241,65 @@ class Engine:
 
     # ---------------------------------------------------------------- replies
     def collect(self) -> None:
-        """Pull whatever replies are ready; error replies retire their task at once and
-        replies to superseded tasks are discarded."""
+        """Pull whatever replies are ready; error replies retire their task at once, replies
+        to superseded tasks are discarded, and those to written-off tasks are offered late."""
         for reply in self.transport.receive(self.book.watched()):
+            late = self.book.late(reply.msg_id)
+            if late is not None:
+                self.handle_late(late, reply)
+                continue
             task = self.book.sort(reply)
             if task is None:
                 continue
             if reply.error_code is not None:
-                self.retire(task, f"error reply (code {reply.error_code}): {reply.error}")
+                reason = f"error reply (code {reply.error_code}): {reply.error}"
+                self.retire(task, reason, may_answer=False)
             else:
                 self.book.arrived[task.task_id] = reply
 
-    def retire(self, task: Task, reason: str) -> None:
-        """End a task without an update; its client becomes idle if its node is online."""
+    def retire(self, task: Task, reason: str, may_answer: bool = True) -> None:
+        """End a task without an update; its client becomes idle if its node is online. A
+        task whose reply `may_answer` yet (timed out, node gone) stays watched until the
+        SuperLink's TTL: a reply that comes is offered late (`handle_late`)."""
         self.book.drop(task)
-        self.contract.forget(task.task_id)
+        if may_answer:
+            self.book.write_off(task, time.monotonic() + self.run.task_ttl)
+        else:
+            self.contract.forget(task.task_id)
         self.counters.failed += 1
         log.warning(
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
         )
         self.task_lost(task.client)
+
+    def handle_late(self, task: Task, reply: Reply) -> None:
+        """A reply to a written-off task: taken by the rule unless it refuses (counted with
+        the reason), never dropped silently. It counts once: the watch ended with it."""
+        if reply.error_code is not None:
+            self.contract.forget(task.task_id)
+            log.info("task %d (client %d) ended with an error reply too", task.task_id, task.client)
+            return
+        reason = self.strategy.refuses_late(self.in_flight(task))
+        if reason:
+            self.contract.forget(task.task_id)
+            refused = self.counters.late_refused
+            refused[reason] = refused.get(reason, 0) + 1
+            log.warning(
+                "late reply to task %d (client %d) refused: %s", task.task_id, task.client, reason
+            )
+            return
+        update = self.checked(task, reply, on_reject=lambda: None)
+        if update is None:
+            return
+        log.info(
+            "late reply to task %d (client %d) taken, staleness %d",
+            task.task_id,
+            task.client,
+            update.staleness,
+        )
+        self.counters.failed -= 1
+        self.counters.late += 1
+        self.accept(task, reply, replace(update, late=True))
 
     def supersede(self, task_ids: list[int]) -> None:
         """Withdraw tasks in flight: a reply that is in is dropped now, one still to come is
@@ -281,12 +317,22 @@ class Engine:
     def expire_overdue(self) -> None:
         """Retire tasks that have gone unanswered past `task-timeout` (a node that is alive
         but never answers would otherwise hold the virtual clock until Flower's TTL)."""
-        for task in self.book.overdue(time.monotonic()):
+        now = time.monotonic()
+        for task in self.book.overdue(now):
             self.retire(task, f"no reply within task-timeout {self.run.task_timeout:g} s")
+        for task in self.book.unwatched(now):
+            self.contract.forget(task.task_id)
 
     def handle(self, task: Task, reply: Reply) -> None:
+        update = self.checked(task, reply, on_reject=lambda: self.task_lost(task.client))
+        if update is not None:
+            self.accept(task, reply, update)
+
+    def checked(self, task: Task, reply: Reply, on_reject: Callable[[], None]) -> Update | None:
+        """The reply as an Update, or None when it is rejected (logged, counted, then
+        `on_reject`)."""
         try:
-            update = self.contract.update(
+            return self.contract.update(
                 task,
                 reply,
                 self.strategy,
@@ -297,9 +343,13 @@ class Engine:
             )
         except InvalidReply as err:
             self.reject(task, err)
-            return
+            on_reject()
+            return None
         finally:
             self.contract.forget(task.task_id)
+
+    def accept(self, task: Task, reply: Reply, update: Update) -> None:
+        self.book.answered.add(task.task_id)
         self.scores.take(task, reply.metrics, self.clock.now())
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
@@ -324,7 +374,6 @@ class Engine:
             self.missing_signals += 1
             if not self.counters.accepted and self.missing_signals >= self.run.concurrency:
                 raise EngineError(str(err))
-        self.task_lost(task.client)
 
     def task_lost(self, client: int) -> None:
         """Tell the strategy a task of `client` ended without an update; a rule that closes

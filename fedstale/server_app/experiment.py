@@ -148,10 +148,13 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "versions": engine.version,
         "updates_accepted": counters.accepted,
         "updates_rejected": counters.rejected,
+        "updates_late": counters.late,  # of the accepted: their task had been written off
+        "late_refused": dict(counters.late_refused),  # reason -> late replies the rule refused
         "tasks_lost": counters.failed,
         "tasks_superseded": counters.superseded,
         "downlinks": counters.dispatched,  # train messages: tasks, replacements, multicasts
-        "uplinks": counters.accepted + counters.rejected,  # replies to live tasks
+        # replies to live or written-off tasks (superseded ones are dropped uncounted)
+        "uplinks": counters.accepted + counters.rejected + sum(counters.late_refused.values()),
         "tasks_dispatched": counters.dispatched,
         "wall_seconds": wall_seconds,
         "loop_seconds": loop_seconds,

@@ -1,6 +1,7 @@
 """The engine's book of tasks: those in flight (by task id and by message id), the replies
-that are in but not yet handled (the clock decides when), the ids already answered, and
-superseded messages whose late replies are still to be dropped."""
+that are in but not yet handled (the clock decides when), the ids already answered,
+superseded messages whose late replies are still to be dropped, and written-off tasks
+(timed out, node gone) whose replies may still come and are then offered late."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ class TaskBook:
         self.arrived: dict[int, Reply] = {}
         self.answered: set[int] = set()
         self.superseded: dict[str, int] = {}  # message id of a superseded task -> its node
+        self.written_off: dict[str, tuple[Task, float]] = {}  # msg id -> (task, watch until)
 
     def __len__(self) -> int:
         return len(self.tasks)
@@ -37,7 +39,7 @@ class TaskBook:
 
     def watched(self) -> list[str]:
         """The message ids whose replies the engine still wants to see."""
-        return [*self.by_msg, *self.superseded]
+        return [*self.by_msg, *self.superseded, *self.written_off]
 
     def sort(self, reply: Reply) -> Task | None:
         """The task a fresh reply answers; None for a reply to drop (superseded, unknown)."""
@@ -55,6 +57,20 @@ class TaskBook:
         self.tasks.pop(task.task_id, None)
         self.by_msg.pop(task.msg_id, None)
         self.arrived.pop(task.task_id, None)
+
+    def write_off(self, task: Task, watch_until: float) -> None:
+        """A task given up on whose reply may still come until `watch_until` (monotonic)."""
+        self.written_off[task.msg_id] = (task, watch_until)
+
+    def late(self, msg_id: str) -> Task | None:
+        """The written-off task a reply answers, if any (its watch ends)."""
+        entry = self.written_off.pop(msg_id, None)
+        return None if entry is None else entry[0]
+
+    def unwatched(self, now: float) -> list[Task]:
+        """Written-off tasks whose watch has run out; no longer watched."""
+        over = [m for m, (_, until) in self.written_off.items() if until < now]
+        return [self.written_off.pop(m)[0] for m in over]
 
     def withdraw(self, task_id: int) -> Task | None:
         """Take a task out of flight; a reply still to come is dropped when it arrives."""

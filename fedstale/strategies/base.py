@@ -21,7 +21,10 @@ clients, the tasks in flight and their staleness, how many tasks may start now).
   (`model_of`) is scored; per client, each on that client's own split.
 - Replies may carry named array sets beyond the main one (`reply_sets`, or per task
   `expected_sets`), each checked against the model's layout.
-- A lost task is reported by `on_task_lost`, which may close a round (an `Outcome`).
+- A lost task is reported by `on_task_lost`, which may close a round (an `Outcome`). Its
+  reply may still come (a timed-out task, a node that went away after uploading): the
+  engine then offers it as a late update, which the rule takes unless `refuses_late` says
+  why not (a closed synchronous round, a client whose state was reset).
 - Checkpoints: `kept` names the attributes the rule must keep across a restart (beside
   the model); `state()` / `load_state()` save and restore them.
 """
@@ -64,6 +67,7 @@ class Update:
     compute_seconds: float = 0.0
     sets: dict[str, np.ndarray] = field(default_factory=dict)
     arrivals: int = 0  # updates accepted between this task's dispatch and its arrival
+    late: bool = False  # its task had been written off (lost, timed out) before it came
 
 
 @dataclass(frozen=True)
@@ -157,11 +161,13 @@ class Setup:
 
 
 def update_record(update: Update, weight: float, **signals: Any) -> dict[str, Any]:
+    """An updates.jsonl row; `late` appears (true) only on a late reply's row."""
     return {
         "client": update.client,
         "task": update.task_id,
         "staleness": update.staleness,
         "weight": float(weight),
+        **({"late": True} if update.late else {}),
         **signals,
     }
 
@@ -248,6 +254,11 @@ class Strategy(ABC):
     @abstractmethod
     def on_update(self, update: Update, view: View) -> Outcome:
         """Consume one update."""
+
+    def refuses_late(self, task: InFlight) -> str:
+        """Why the rule cannot take the late reply of `task` (written off, `on_task_lost`
+        told), or "" to take it through `validate` and `on_update` like any other."""
+        return ""
 
     # ------------------------------------------------------------ topology
     def latency_factors(self) -> np.ndarray | None:

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from fedstale.common.config import KebabModel
 from fedstale.common.schema import RETURN_MODEL
-from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.base import InFlight, Outcome, Strategy, Update, View, update_record
 from fedstale.strategies.staleness import Kind, Staleness
 
 
@@ -65,3 +65,9 @@ class FedAsync(Strategy):
             outcome.supersede = [t.task_id for t in stale]
             outcome.dispatch = [self.assign(t.client, view) for t in stale]
         return outcome
+
+    def refuses_late(self, task: InFlight) -> str:
+        bound = self.params.fedasync_max_staleness
+        if bound and task.staleness > bound:
+            return f"staleness {task.staleness} is past fedasync-max-staleness {bound}"
+        return ""

@@ -14,6 +14,7 @@ import numpy as np
 
 from fedstale.common.schema import RETURN_MODEL
 from fedstale.strategies.base import (
+    InFlight,
     Outcome,
     Plan,
     Strategy,
@@ -45,6 +46,11 @@ class FedAvg(Strategy):
     def on_task_lost(self, client: int) -> Outcome | None:
         self.dispatched -= 1
         return None
+
+    def refuses_late(self, task: InFlight) -> str:
+        if task.staleness:
+            return f"synchronous round of version {task.base_version} closed without it"
+        return "synchronous round: a replacement task took its place"
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.received.append(update)

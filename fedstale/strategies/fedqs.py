@@ -23,6 +23,7 @@ from fedstale.common.federation import client_data
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
 from fedstale.strategies.base import (
     Assignment,
+    InFlight,
     Outcome,
     Setup,
     Strategy,
@@ -399,6 +400,9 @@ class FedQSSGD(KFifo):
         }
         settings = {"lr": float(self.lr[client]), "momentum": momentum}
         return Assignment(client, {ARRAYS: self.model}, entries, settings)
+
+    def refuses_late(self, task: InFlight) -> str:
+        return "FedQS reset the client's task state when the task was lost"
 
     def on_task_lost(self, client: int) -> Outcome | None:
         self.pending.pop(client, None)

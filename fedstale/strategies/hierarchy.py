@@ -24,6 +24,7 @@ from fedstale.common.config import KebabModel, RunConfig
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, STALE, RuleKeys
 from fedstale.strategies.base import (
     Assignment,
+    InFlight,
     Outcome,
     Plan,
     Setup,
@@ -282,6 +283,9 @@ class Hierarchy(Strategy):
         edge.pending.discard(update.client)
         edge.received.append((update, offline))
         return Outcome() if edge.pending else self.close_round(k)
+
+    def refuses_late(self, task: InFlight) -> str:
+        return "its edge round counted the client as dropped"
 
     def on_task_lost(self, client: int) -> Outcome | None:
         """A lost task is that client's drop for the round; the edge does not wait for it."""
