@@ -170,8 +170,12 @@ class LocalDeployment:
     task_poll_interval: float = 0.1
     edges: int = 0  # > 0: node i names edge-id i * edges // num_nodes (MAFSA's topology)
     bin_dir: Path | None = None  # Flower's and fedstale's commands from here (another venv)
+    # Where a SuperExec of its own (Flower's `--isolation process`) reaches the SuperLink's
+    # runtime API; None: the SuperLink starts its SuperExec itself.
+    superexec_runtime: str | None = None
     port: int = field(default_factory=free_port)
     superlink: subprocess.Popen | None = None
+    superexec: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
     node_ports: dict[int, int] = field(default_factory=dict)
 
@@ -203,6 +207,8 @@ class LocalDeployment:
             command += ["--enable-supernode-auth"]
         if self.simulation:
             command += ["--simulation"]
+        if self.superexec_runtime is not None:
+            command += ["--isolation", "process"]
         local = ["--host", "127.0.0.1", "--port", str(self.port)]
         return [*command, "--disable-runtime-dependency-installation", *local]
 
@@ -257,6 +263,8 @@ class LocalDeployment:
         self.write_connection()
         self.superlink = spawn(self.superlink_command(), self.env, self.home / "superlink.log")
         wait_for_port(self.port, 60.0, self.superlink, "flower-superlink")
+        if self.superexec_runtime is not None:
+            self.start_superexec(self.superexec_runtime)
         if self.auth_keys is not None:
             make_keys(self.auth_keys, self.num_nodes)
         for partition in range(self.num_nodes):
@@ -264,6 +272,11 @@ class LocalDeployment:
                 self.register(partition)
             self.start_node(partition)
         return self
+
+    def start_superexec(self, runtime: str) -> None:
+        security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca)]
+        command = [self.tool("flower-superexec"), *security, "--runtime-api-address", runtime]
+        self.superexec = spawn(command, self.env, self.home / "superexec.log")
 
     def start_node(self, partition: int, insecure: bool = False) -> subprocess.Popen:
         env = {**self.env, SUPERNODE_POLL_ENV: f"{self.task_poll_interval:g}"}
@@ -302,13 +315,15 @@ class LocalDeployment:
 
     def serverapp_pids(self) -> list[int]:
         """`flwr-serverapp` processes started under this SuperLink (to crash one on purpose)."""
-        if self.superlink is None:
-            return []
-        return [pid for pid, cmd in descendants(self.superlink.pid) if "flwr-serverapp" in cmd]
+        roots = [p.pid for p in (self.superlink, self.superexec) if p is not None]
+        below = [entry for root in roots for entry in descendants(root)]
+        return [pid for pid, cmd in below if "flwr-serverapp" in cmd]
 
     def stop(self) -> None:
         for process in self.nodes.values():
             stop(process)
+        if self.superexec is not None:
+            stop_tree(self.superexec)
         if self.superlink is not None:
             stop_tree(self.superlink)
 

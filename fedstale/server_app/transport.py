@@ -149,6 +149,7 @@ class GridTransport:
         self.pulls: list[Pull] = []
         self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
         self.held: dict[str, Reply] = {}  # error replies another running pull may overrule
+        self.overlaps = 0  # error replies dropped because another pull brought the reply
         self.delivered: dict[str, float] = {}  # msg_id -> when its real reply was handed out
 
     def node_ids(self) -> list[int]:
@@ -217,12 +218,15 @@ class GridTransport:
     def _take(self, reply: Reply, now: float, running: list[Pull]) -> None:
         msg_id = reply.msg_id
         if reply.error_code is None:
-            self.held.pop(msg_id, None)
+            if self.held.pop(msg_id, None) is not None or self.ready.get(msg_id):
+                self.overlaps += 1
+                log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
             self.ready[msg_id] = (now, reply)
             return
         pending = self.ready.get(msg_id)
         if msg_id in self.delivered or (pending and pending[1].error_code is None):
-            log.debug("error reply to %s dropped: another pull took its reply", msg_id)
+            self.overlaps += 1
+            log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
         elif any(msg_id in p.ids for p in running):
             self.held[msg_id] = reply  # the pull still running may bring the real reply
         elif pending is None:

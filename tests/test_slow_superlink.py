@@ -1,0 +1,61 @@
+"""A SuperLink paused (SIGSTOP, then SIGCONT past the pull wait) while a ServerApp's pull is
+taking replies, several times in one run, on a real deployment at both ends of the flwr
+range (tests/superlink_pauses.py): every training the nodes finished is accepted, none is
+lost to the error reply an overlapping pull of the same id gets, none counts twice."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from fedstale.launcher.deploy import LocalDeployment, stop
+from fedstale.server_app.results import read_jsonl
+from tests.superlink_pauses import SuperLinkPauser
+from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, wait_until
+from tests.wheel_env import installed
+
+pytestmark = pytest.mark.integration
+PAUSES = 3
+UPDATES = 18
+
+
+def bin_dir(bound: str) -> Path | None:
+    """This environment's Flower (the newest the range allows), or the lower bound's venv."""
+    return None if bound == "newest" else installed()[1][bound]
+
+
+@pytest.mark.parametrize("bound", ["newest", "lower"])
+def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
+    bound: str, tmp_path: Path
+) -> None:
+    runs, log = tmp_path / "runs", tmp_path / "run.log"
+    updates = runs / "paused" / "updates.jsonl"
+    config = {**SMALL, "max-updates": UPDATES, "runs-dir": str(runs), "run-name": "paused"}
+    deployment = LocalDeployment(tmp_path / "home", 3, bin_dir=bin_dir(bound))
+    pauser = SuperLinkPauser(deployment, PAUSES)
+    with deployment:
+        process = deployment.launch_app(ROOT, config, log)
+        try:
+            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, 180, "updates")
+            pauser.arm()
+            code = process.wait(RUN_TIMEOUT)
+        finally:
+            pauser.close()
+            stop(process)
+    output = log.read_text()
+    assert code == 0, output[-3000:]
+    assert pauser.done == PAUSES, output[-3000:]
+    overlaps = re.findall(r"an overlapping pull's error reply to \w+ dropped", output)
+    assert overlaps, output[-3000:]  # the race happened, and its errors were dropped
+    summary = json.loads((runs / "paused" / "summary.json").read_text())
+    assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary
+    assert summary["late_refused"] == {} and "task" not in re.findall(r"(task) \d+ lost", output)
+    tasks = [row["task"] for row in read_jsonl(updates)]
+    assert len(tasks) == len(set(tasks))  # none counted twice
+    assert 0 <= summary["updates_accepted"] - len(tasks) < 2  # the rest sit in the buffer
+    # Every task sent was accepted, except those still training when the budget was spent.
+    unfinished = summary["tasks_dispatched"] - summary["updates_accepted"]
+    assert 0 <= unfinished <= 3, summary
