@@ -13,6 +13,7 @@ import pytest
 
 from fedstale.common.config import ConfigError
 from fedstale.launcher.cli import main
+from fedstale.launcher.compare import main as compare_main
 from fedstale.launcher.launch import flower_env, parse_pairs, tool
 from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
@@ -93,7 +94,7 @@ def test_own_model_and_data_give_the_same_run_in_flower_and_locally(
     assert (config["dataset"], config["model"]) == ("own_task:blobs", "own_task:net")
 
 
-def test_a_regression_runs_end_to_end(tmp_path: Path) -> None:
+def test_a_regression_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Float targets, the built-in linear model (trainer=auto falls back to autograd for
     MSE), MSE loss and the user's metric (minus the mean absolute error)."""
     values = {
@@ -105,11 +106,17 @@ def test_a_regression_runs_end_to_end(tmp_path: Path) -> None:
     summary = run_experiment(run, params, local_transport(run))
     rows = read_jsonl(tmp_path / "line" / "metrics.jsonl")
     assert [row["virtual_time"] for row in rows] == [0.0, 500.0, 1000.0, 1500.0, 2000.0]
-    assert rows[0]["accuracy"] < -1.0 < rows[-1]["accuracy"] < 0.0  # |error| shrinks
+    # The score is stored and shown under the metric's name, never as "accuracy".
+    assert rows[0]["neg_mae"] < -1.0 < rows[-1]["neg_mae"] < 0.0  # |error| shrinks
+    assert not any("accuracy" in key for row in rows for key in row)
     assert rows[-1]["loss"] < rows[0]["loss"] / 10  # the test-set MSE
-    assert summary["final_accuracy"] == rows[-1]["accuracy"]
+    assert summary["metric"] == "neg_mae" and summary["final_neg_mae"] == rows[-1]["neg_mae"]
+    assert not any("accuracy" in key for key in summary)
     config = json.loads((tmp_path / "line" / "config.json").read_text())
     assert config["test-split-effective"] == "holdout"  # the loader gave no test split
+    assert compare_main([str(tmp_path / "line"), "--out", str(tmp_path / "cmp")]) == 0
+    table = capsys.readouterr().out
+    assert "final neg_mae" in table and f"{summary['final_neg_mae']:.2f}" in table
 
 
 def check(config: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, list[str]]:

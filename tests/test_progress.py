@@ -42,3 +42,23 @@ def test_the_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     bar = progress.progress_for(5.0)
     assert isinstance(bar, progress.ProgressBar)
     bar.close()
+
+
+def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def line(metric: str, scores: list[float]) -> str:
+        engine = engine_at(250, 6, 3, max_virtual_time=1000, metric=metric)
+        engine.strategy = "fedbuff"  # type: ignore[attr-defined]
+        engine.counters = SimpleNamespace(accepted=6, rejected=0, failed=0)
+        engine.evaluations = [SimpleNamespace(accuracy=s) for s in scores]
+        caplog.clear()
+        with caplog.at_level("INFO", logger="fedstale"):
+            progress.Progress(0.0)(engine)  # type: ignore[arg-type]
+        return caplog.records[-1].getMessage()
+
+    assert " acc=0.8123 " in line("accuracy", [0.5, 0.8123])
+    regression = line("neg-mse", [-1.0654])
+    assert " neg-mse=-1.0654 " in regression and "acc" not in regression
+    unscored = line("accuracy", [float("nan")])  # a library run without evaluate_fn
+    assert "nan" not in unscored and "acc" not in unscored and "lost=0 " in unscored

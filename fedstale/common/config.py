@@ -57,6 +57,32 @@ ModelT = TypeVar("ModelT", bound="KebabModel")
 FIX_HINT = "fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
 
 
+def metric_name(metric: str) -> str:
+    """How a run's score is named in logs, tables and plots: the built-in metric, or a
+    user's metric function by its name ("pkg.mod:r2" -> "r2")."""
+    return metric.rsplit(":", 1)[-1]
+
+
+def score_key(metric: str) -> str:
+    """The key of a run's score in summary.json and metrics.jsonl: "accuracy" for accuracy
+    (what every earlier run wrote), else the metric's name in snake case ("neg_mse")."""
+    return metric_name(metric).replace("-", "_").replace(".", "_")
+
+
+def score_label(metric: str, per_client: bool) -> str:
+    """A plot's axis: "test accuracy", "mean client neg-mse", ..."""
+    return f"{'mean client' if per_client else 'test'} {metric_name(metric)}"
+
+
+def score_row(row: dict[str, Any], metric: str) -> dict[str, Any]:
+    """A metrics.jsonl row (scored as "accuracy" inside the engine) under the run's key."""
+    key = score_key(metric)
+    if key == "accuracy":
+        return row
+    renamed = {"accuracy": key, "accuracy_std": f"{key}_std"}
+    return {renamed.get(k, k): v for k, v in row.items()}
+
+
 class ConfigError(ValueError):
     """A run-config problem, phrased as one line a user can act on."""
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedstale.common.config import score_key
 from fedstale.server_app.results import aulc, read_jsonl
 
 # Keys that name or place a run, or only change how it is shown: never a difference in kind.
@@ -36,22 +37,30 @@ class Run:
     config: dict[str, Any]
     summary: dict[str, Any]
     times: list[float]
-    accuracies: list[float]
+    accuracies: list[float]  # the run's score, whatever its metric (`metric`)
     updates: list[dict[str, Any]] = field(default_factory=list)
+    metric: str = "accuracy"
 
     @classmethod
     def load(cls, folder: Path) -> Run:
         metrics = read_jsonl(folder / "metrics.jsonl")
+        summary = json.loads((folder / "summary.json").read_text())
+        metric = summary.get("metric", "accuracy")  # runs before the key scored accuracy
         return cls(
             folder=folder,
             config=json.loads((folder / "config.json").read_text()),
-            summary=json.loads((folder / "summary.json").read_text()),
+            summary=summary,
+            metric=metric,
             times=[row["virtual_time"] for row in metrics],
-            accuracies=[row["accuracy"] for row in metrics],
+            accuracies=[row[score_key(metric)] for row in metrics],
             updates=read_jsonl(folder / "updates.jsonl")
             if (folder / "updates.jsonl").is_file()
             else [],
         )
+
+    def score(self, which: str) -> float:
+        """The summary's "final" or "best" score."""
+        return float(self.summary[f"{which}_{score_key(self.metric)}"])
 
     def setting(self) -> tuple[tuple[str, str], ...]:
         return tuple(
@@ -145,15 +154,28 @@ def reached(values: list[float | None], runs: list[Run], target: float | None) -
     return text if len(hits) == len(values) else f"{text}, {len(hits)}/{len(values)} runs"
 
 
+def common_metric(runs: Sequence[Run]) -> str:
+    """The metric every run scored; one CompareError line when they differ."""
+    metrics = sorted({r.metric for r in runs})
+    if len(metrics) > 1:
+        raise CompareError(
+            f"the runs score different metrics ({', '.join(metrics)}); compare runs of one"
+        )
+    return metrics[0]
+
+
 def table(groups: list[Group], last: int, target: float | None) -> str:
-    """One markdown row per group; accuracies in percent, AULC in accuracy x days."""
+    """One markdown row per group; accuracies in percent (other metrics as they are), AULC
+    in score x days."""
+    metric = common_metric([r for g in groups for r in g.runs])
+    scale, unit = (100, "%") if metric == "accuracy" else (1, metric)
     target_label = f"time to {target:g}" if target is not None else "time to target"
     head = [
         "runs",
         "seeds",
-        "final %",
-        "best %",
-        f"mean of last {last} %",
+        f"final {unit}",
+        f"best {unit}",
+        f"mean of last {last} {unit}",
         "AULC",
         target_label,
         "updates",
@@ -165,9 +187,9 @@ def table(groups: list[Group], last: int, target: float | None) -> str:
         cells = [
             group.label,
             ",".join(str(r.config.get("seed", "?")) for r in runs),
-            mean_std([r.summary["final_accuracy"] for r in runs], 100),
-            mean_std([r.summary["best_accuracy"] for r in runs], 100),
-            mean_std([statistics.mean(r.accuracies[-last:]) for r in runs], 100),
+            mean_std([r.score("final") for r in runs], scale),
+            mean_std([r.score("best") for r in runs], scale),
+            mean_std([statistics.mean(r.accuracies[-last:]) for r in runs], scale),
             mean_std([aulc(r.times, r.accuracies) for r in runs], digits=3),
             reached([time_to(r, target) for r in runs], runs, target),
             mean_std([r.summary["updates_accepted"] for r in runs], digits=0),

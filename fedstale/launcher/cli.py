@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.config import ConfigError, KebabModel, RunConfig, metric_name, score_key
 from fedstale.launcher import compare, deploy
 from fedstale.launcher.launch import (
     app_defaults,
@@ -46,6 +46,7 @@ from fedstale.launcher.launch import (
     find_app,
     flower_app,
     flower_env,
+    hint_for,
     merged_pairs,
     resolve,
     to_flower,
@@ -158,9 +159,10 @@ def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
         print(failure, file=sys.stderr)
         return 1
     result = json.loads((run_dir / "summary.json").read_text())
+    key = score_key(run.metric)
     print(
-        f"fedstale: {run.run_name}: final accuracy {result['final_accuracy']:.4f}, "
-        f"best {result['best_accuracy']:.4f}, results in {run_dir}",
+        f"fedstale: {run.run_name}: final {metric_name(run.metric)} {result[f'final_{key}']:.4f}, "
+        f"best {result[f'best_{key}']:.4f}, results in {run_dir}",
         file=sys.stderr,
     )
     return 0
@@ -297,7 +299,7 @@ def command(argv: list[str]) -> int:
         try:
             return deploy.main(rest)
         except ConfigError as err:
-            print(f"fedstale: {err}", file=sys.stderr)
+            print(f"fedstale: {hint_for(str(err), None)}", file=sys.stderr)
             return 2
     parser = run_parser(name)
     args = parser.parse_args(rest)
@@ -322,7 +324,7 @@ def command(argv: list[str]) -> int:
             return run_local(app, pairs, workers or len(os.sched_getaffinity(0)))
         return run_simulation(app, pairs, args.federation_config, superlink)
     except ConfigError as err:
-        print(f"fedstale: {err}", file=sys.stderr)
+        print(f"fedstale: {hint_for(str(err), args.app)}", file=sys.stderr)
         return 2
 
 

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.config import FIX_HINT, ConfigError, RunConfig
 from fedstale.server_app.results import run_name, runs_root
 from fedstale.strategies.registry import load_config
 
@@ -126,6 +126,18 @@ def find_app(given: Path | None) -> Path:
         return given.resolve()
     here = Path.cwd()
     return here if is_app(here) else installed_app()
+
+
+def hint_for(message: str, given: Path | None) -> str:
+    """A config error's fix as it applies to how fedstale runs: a user of the app installed
+    with the package (the wheel, no pyproject.toml of theirs) fixes it with --run-config."""
+    try:
+        app = find_app(given)
+    except ConfigError:
+        return message
+    if app != PACKAGE_APP:
+        return message
+    return message.replace(FIX_HINT, "fix it with --run-config 'key=value'")
 
 
 def runs_home(app: Path) -> Path:

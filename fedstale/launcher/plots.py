@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from fedstale.common.config import score_label
 from fedstale.launcher.analysis import Group, Run
 from fedstale.server_app.results import DAY
 
@@ -100,7 +101,8 @@ def plot(groups: list[Group], path: Path) -> None:
     legend_inches = 0.25 * len(groups) + 0.3
     fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4 + legend_inches))
     per_client = any(r.summary.get("evaluation") == "per-client" for g in groups for r in g.runs)
-    plot_accuracy(axes[0], groups, "mean client accuracy" if per_client else "test accuracy")
+    metric = groups[0].runs[0].metric
+    plot_accuracy(axes[0], groups, score_label(metric, per_client))
     plot_staleness(axes[1], groups)
     if has_weights:
         plot_weights(axes[2], groups)

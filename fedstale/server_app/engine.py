@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import RunConfig, score_row
 from fedstale.common.latency import LatencyProfile
 from fedstale.common.models import ParamLayout
 from fedstale.common.schema import ARRAYS, MSG_TRAIN, InvalidReply, TaskSpec
@@ -79,7 +79,7 @@ class Engine:
         self.counters = Counters()
         self.missing_signals = 0  # replies without the rule's client signal
         self.scores = Scoreboard(run, strategy, transport, layout, evaluator, client_scorer)
-        self.scores.on_result = lambda evaluation: recorder.metric(evaluation.row())
+        self.scores.on_result = lambda e: recorder.metric(score_row(e.row(), run.metric))
         self.next_eval = 0.0
         self.wall_start = time.monotonic()
         self.loop_started: float | None = None

@@ -14,7 +14,14 @@ import numpy as np
 import torch
 
 from fedstale.common.calibration import encode, real_batch
-from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.config import (
+    ConfigError,
+    KebabModel,
+    RunConfig,
+    metric_name,
+    score_key,
+    score_label,
+)
 from fedstale.common.federation import (
     client_holdout,
     effective_test_split,
@@ -135,13 +142,17 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     accuracies = [e.accuracy for e in evals]
     scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
     counters = engine.counters
+    key = score_key(engine.run.metric)
     return {
         "strategy": engine.run.strategy,
         "evaluation": "per-client" if engine.scores.per_client else "global",
+        "metric": metric_name(engine.run.metric),
         "stop_reason": engine.stop_reason,
-        "final_accuracy": accuracies[-1],
-        "best_accuracy": max(scored) if scored else math.nan,
-        "acc_std": statistics.pstdev(scored) if scored else math.nan,
+        f"final_{key}": accuracies[-1],
+        f"best_{key}": max(scored) if scored else math.nan,
+        "acc_std" if key == "accuracy" else f"{key}_std": (
+            statistics.pstdev(scored) if scored else math.nan
+        ),
         "aulc_days": aulc(times, accuracies),
         "time_to_target": engine.time_to_target,
         "virtual_time": times[-1],
@@ -283,12 +294,14 @@ def record_run(
         f"{run.strategy} on {run.dataset}",
         [e.virtual_time for e in engine.evaluations],
         [e.accuracy for e in engine.evaluations],
-        "mean client accuracy" if engine.scores.per_client else "test accuracy",
+        score_label(run.metric, engine.scores.per_client),
     )
+    key = score_key(run.metric)
     log.info(
-        "done: final accuracy %.4f, best %.4f, %d versions, %d updates in %.1f s (%s)",
-        summary["final_accuracy"],
-        summary["best_accuracy"],
+        "done: final %s %.4f, best %.4f, %d versions, %d updates in %.1f s (%s)",
+        metric_name(run.metric),
+        summary[f"final_{key}"],
+        summary[f"best_{key}"],
         summary["versions"],
         summary["updates_accepted"],
         summary["wall_seconds"],

@@ -13,6 +13,7 @@ Nodes become clients 0..n-1 in the order they appear (nodes.py, NodesInOrder).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -29,7 +30,13 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
 from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
-from fedstale.common.config import FIX_HINT, ConfigError, KebabModel, RunConfig
+from fedstale.common.config import (
+    FIX_HINT,
+    ConfigError,
+    KebabModel,
+    RunConfig,
+    score_label,
+)
 from fedstale.common.latency import profile_for
 from fedstale.common.models import ParamLayout, output_width
 from fedstale.common.records import from_array_record, to_array_record
@@ -46,6 +53,7 @@ from fedstale.strategies.base import Setup
 from fedstale.strategies.registry import STRATEGIES, build_strategy, load_config
 
 log = logging.getLogger("fedstale")
+FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
 # Keys of fedstale's own app (its data, model and local training) that a Flower ClientApp
@@ -167,20 +175,29 @@ class AsyncStrategy(FlowerStrategy):
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
         """Flower's federated evaluation, as its FedAvg does it (`fraction_evaluate`)."""
-        return self.evaluation().configure_evaluate(server_round, arrays, config, grid)
+        return self.evaluation.configure_evaluate(server_round, arrays, config, grid)
 
     def aggregate_evaluate(
         self, server_round: int, replies: Iterable[Message]
     ) -> MetricRecord | None:
-        return self.evaluation().aggregate_evaluate(server_round, replies)
+        return self.evaluation.aggregate_evaluate(server_round, replies)
 
+    @functools.cached_property
     def evaluation(self) -> FlowerFedAvg:
-        return FlowerFedAvg(
-            fraction_train=0.0,
-            fraction_evaluate=self.fraction_evaluate,
-            min_evaluate_nodes=1,
-            min_available_nodes=self.min_available_nodes,
-        )
+        """Flower's FedAvg for federated evaluation only, made once. Its warning that
+        training is skipped (fraction_train 0) is about itself, not the user's run: muted."""
+        flower = logging.getLogger(FLOWER_LOGGER)
+        level = flower.level
+        flower.setLevel(logging.ERROR)
+        try:
+            return FlowerFedAvg(
+                fraction_train=0.0,
+                fraction_evaluate=self.fraction_evaluate,
+                min_evaluate_nodes=1,
+                min_available_nodes=self.min_available_nodes,
+            )
+        finally:
+            flower.setLevel(level)
 
     # ---------------------------------------------------------------- the run
     def start(
@@ -399,7 +416,8 @@ def finish(recorder: RunRecorder, engine: Engine, layout: ParamLayout, started: 
     accuracies = [e.accuracy for e in engine.evaluations]
     if any(math.isfinite(a) for a in accuracies):  # without evaluate_fn nothing was scored
         times = [e.virtual_time for e in engine.evaluations]
-        recorder.plot(engine.run.strategy, times, accuracies)
+        label = score_label(engine.run.metric, engine.scores.per_client)
+        recorder.plot(engine.run.strategy, times, accuracies, label)
     log.info(
         "done: %d versions, %d updates (%d rejected, %d lost) in %.1f s (%s)",
         summary["versions"],

@@ -9,6 +9,8 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from fedstale.common.config import metric_name
+
 if TYPE_CHECKING:
     from fedstale.server_app.engine import Engine
 
@@ -27,8 +29,14 @@ def budget_share(engine: Engine) -> float:
     return min(1.0, max((done / budget for done, budget in shares if budget), default=0.0))
 
 
-def latest_accuracy(engine: Engine) -> float:
-    return engine.evaluations[-1].accuracy if engine.evaluations else math.nan
+def latest_score(engine: Engine) -> str:
+    """` acc=0.8123` (`neg-mse=...` for that metric), or "" before anything was scored (a
+    library run without `evaluate_fn` scores nothing)."""
+    score = engine.evaluations[-1].accuracy if engine.evaluations else math.nan
+    if not math.isfinite(score):
+        return ""
+    name = metric_name(engine.run.metric)
+    return f" {'acc' if name == 'accuracy' else name}={score:.4f}"
 
 
 class Progress:
@@ -48,14 +56,14 @@ class Progress:
         share = budget_share(engine)
         eta = f" eta {elapsed * (1 - share) / share:,.0f}s" if 0 < share < 1 else ""
         log.info(
-            "[%s] %s v=%d updates=%d rejected=%d lost=%d acc=%.4f %.1f upd/s%s",
+            "[%s] %s v=%d updates=%d rejected=%d lost=%d%s %.1f upd/s%s",
             run.strategy,
             clock,
             engine.version,
             counters.accepted,
             counters.rejected,
             counters.failed,
-            latest_accuracy(engine),
+            latest_score(engine),
             counters.accepted / max(elapsed, 1e-9),
             eta,
         )
@@ -99,7 +107,7 @@ class ProgressBar:
         counters = engine.counters
         status = (
             f"v={engine.version} updates={counters.accepted} rejected={counters.rejected} "
-            f"lost={counters.failed} acc={latest_accuracy(engine):.4f}"
+            f"lost={counters.failed}{latest_score(engine)}"
         )
         self.bar.update(
             self.task,
