@@ -19,7 +19,7 @@ from tests.wheel_env import installed
 
 pytestmark = pytest.mark.integration
 PAUSES = 3
-UPDATES = 18
+UPDATES = 12
 
 
 def bin_dir(bound: str) -> Path | None:
@@ -35,7 +35,7 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     updates = runs / "paused" / "updates.jsonl"
     config = {**SMALL, "max-updates": UPDATES, "runs-dir": str(runs), "run-name": "paused"}
     deployment = LocalDeployment(tmp_path / "home", 3, bin_dir=bin_dir(bound))
-    pauser = SuperLinkPauser(deployment, PAUSES)
+    pauser = SuperLinkPauser(deployment, PAUSES, gap=1.5)
     with deployment:
         process = deployment.launch_app(ROOT, config, log)
         try:
