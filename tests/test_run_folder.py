@@ -139,9 +139,14 @@ def test_later_run_configs_override_earlier_ones() -> None:
         parse_pairs("seed=1 seed=1")
 
 
-def test_compare_refuses_a_target_outside_0_1(capsys: pytest.CaptureFixture[str]) -> None:
+def test_compare_refuses_a_target_outside_0_1_for_accuracy_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The range is the runs' metric's: accuracy's is [0, 1] (a regression's score may be
+    any number)."""
+    assert local_run(tmp_path, "p").returncode == 0
     with pytest.raises(SystemExit) as info:
-        main(["compare", "x", "--target", "1.5"])
+        main(["compare", str(tmp_path / "p"), "--target", "1.5", "--out", str(tmp_path / "c")])
     assert info.value.code == 2
     assert "--target 1.5 is not an accuracy" in capsys.readouterr().err
 
