@@ -38,7 +38,8 @@ def test_the_installed_command_works_outside_the_checkout(tmp_path: Path) -> Non
         assert f"usage: fedstale {name}" in run([fedstale, name, "--help"], 120, here)
     checked = run([fedstale, "check", "--run-config", TINY], 300, here)
     assert "config ok (fedbuff on digits)" in checked
-    too_many = run([fedstale, "check", "--run-config", f"{TINY} concurrency=9"], 120, here, code=2)
+    too_many_config = TINY.replace("concurrency=2", "concurrency=9")
+    too_many = run([fedstale, "check", "--run-config", too_many_config], 120, here, code=2)
     assert too_many.strip().count("\n") == 0 and "exceeds num-clients" in too_many
     assert "fix it with --run-config" in too_many and "pyproject" not in too_many  # a wheel user
     refused = run([fedstale, "check", "--app", tmp_path / "none"], 120, here, code=2)
