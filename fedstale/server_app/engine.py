@@ -288,6 +288,7 @@ class Engine:
                 "late reply to task %d (client %d) refused: %s", task.task_id, task.client, reason
             )
             return
+        self.book.answered.add(task.task_id)  # as `TaskBook.take` does for a live task
         update = self.checked(task, reply, on_reject=lambda: None)
         if update is None:
             return
@@ -349,7 +350,6 @@ class Engine:
             self.contract.forget(task.task_id)
 
     def accept(self, task: Task, reply: Reply, update: Update) -> None:
-        self.book.answered.add(task.task_id)
         self.scores.take(task, reply.metrics, self.clock.now())
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))

@@ -101,6 +101,10 @@ def reply_from_message(msg: Message) -> Reply:
     return Reply(msg_id, metrics=dict(metrics), arrays=decoded, sets=sets, problem=problem)
 
 
+def overlap_dropped(msg_id: str) -> None:
+    log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
+
+
 class Pull:
     """One `grid.pull_messages` call on a daemon thread (a stuck one must not hold up exit)."""
 
@@ -149,7 +153,6 @@ class GridTransport:
         self.pulls: list[Pull] = []
         self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
         self.held: dict[str, Reply] = {}  # error replies another running pull may overrule
-        self.overlaps = 0  # error replies dropped because another pull brought the reply
         self.delivered: dict[str, float] = {}  # msg_id -> when its real reply was handed out
 
     def node_ids(self) -> list[int]:
@@ -217,16 +220,13 @@ class GridTransport:
 
     def _take(self, reply: Reply, now: float, running: list[Pull]) -> None:
         msg_id = reply.msg_id
-        if reply.error_code is None:
-            if self.held.pop(msg_id, None) is not None or self.ready.get(msg_id):
-                self.overlaps += 1
-                log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
-            self.ready[msg_id] = (now, reply)
-            return
         pending = self.ready.get(msg_id)
-        if msg_id in self.delivered or (pending and pending[1].error_code is None):
-            self.overlaps += 1
-            log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
+        if reply.error_code is None:
+            if self.held.pop(msg_id, None) is not None or pending is not None:
+                overlap_dropped(msg_id)
+            self.ready[msg_id] = (now, reply)
+        elif msg_id in self.delivered or (pending and pending[1].error_code is None):
+            overlap_dropped(msg_id)
         elif any(msg_id in p.ids for p in running):
             self.held[msg_id] = reply  # the pull still running may bring the real reply
         elif pending is None:
