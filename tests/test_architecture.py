@@ -103,3 +103,55 @@ def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     assert imports_of(source) == {"server_app"}
     probe = ast.parse("getattr(self.strategy, 'bind_x', None)").body[0]
     assert isinstance(probe, ast.Expr) and probes_a_strategy(probe.value)
+
+
+def module_imports(path: Path) -> set[str]:
+    """The fedstale modules `path` imports, anywhere in the file (TYPE_CHECKING included):
+    `from fedstale.x import y` counts as fedstale.x.y where that is a module."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return {name for name in found if name.startswith("fedstale.")}
+
+
+def module_graph() -> dict[str, set[str]]:
+    modules = {
+        ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in (ROOT / "fedstale").rglob("*.py")
+    }
+    return {name: module_imports(path) & set(modules) - {name} for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each strongly connected set of modules larger than one (DFS)."""
+    found, done = [], set()
+    for start in sorted(graph):
+        stack, on_path = [(start, iter(sorted(graph[start])))], [start]
+        while stack:
+            node, following = stack[-1]
+            nxt = next(following, None)
+            if nxt is None:
+                stack.pop()
+                on_path.pop()
+                done.add(node)
+            elif nxt in on_path:
+                found.append([*on_path[on_path.index(nxt) :], nxt])
+            elif nxt not in done:
+                stack.append((nxt, iter(sorted(graph[nxt]))))
+                on_path.append(nxt)
+    return found
+
+
+def test_no_module_of_fedstale_imports_itself_back() -> None:
+    """Not even for type checking; a package's __init__ counts as a module."""
+    found = cycles(module_graph())
+    assert not found, found[:3]
+
+
+def test_the_cycle_finder_finds_a_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c", "a"]]

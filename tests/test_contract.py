@@ -655,8 +655,8 @@ def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_messa
     from types import SimpleNamespace
 
     from fedstale.server_app.clock import Task
-    from fedstale.server_app.evaluation import Evaluation
     from fedstale.server_app.reports import ClientReports
+    from fedstale.server_app.scored import Evaluation
 
     run = run_config(num_clients=2, eval_interval=10.0, eval_target="per-client")
     model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
@@ -680,8 +680,8 @@ def test_a_training_client_with_no_score_yet_is_scored_by_its_train_reply() -> N
     from types import SimpleNamespace
 
     from fedstale.server_app.clock import Task
-    from fedstale.server_app.evaluation import Evaluation
     from fedstale.server_app.reports import ClientReports, Score
+    from fedstale.server_app.scored import Evaluation
 
     run = run_config(num_clients=3, eval_interval=10.0, eval_target="per-client")
     model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))

@@ -38,6 +38,7 @@ from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
 from fedstale.strategies.registry import STRATEGIES
 from tests.helpers import ListRecorder, ScriptedTransport, run_config
+from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per_edge
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "async-quickstart"
@@ -365,6 +366,23 @@ def test_quickstart_trains_under_fedstale_in_simulation(
     assert "aggregate_evaluate: Received 2 results and 0 failures" in output
     assert "fraction_train is set to 0.0" not in output  # the inner FedAvg's own warning
     assert (work / "final_model.pt").stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_hierfedavg_slows_its_edges_in_simulation_as_fedstale_run_does(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    """The quickstart under HierFedAvg, every client LATENCY, edge 1 four times slower on
+    the virtual clock: its first round closes at 4x (tests/test_both_doors.py checks the
+    same run config through `fedstale run --local`)."""
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    app = app_with(tmp_path, QUICKSTART, "FedBuff", "HierFedAvg")
+    settings = ", ".join(f"{k}={v!r}" for k, v in SLOWED.items() if k != "max_versions")
+    app = app_with(tmp_path / "slowed", app, "buffer_size=3, concurrency=4", settings)
+    flwr_run(link.env, app, "num-server-rounds=2")
+    edges = first_close_per_edge(new_run(work, before))
+    assert edges == pytest.approx({e: LATENCY * f for e, f in EDGE_FACTORS.items()})
 
 
 @pytest.mark.integration

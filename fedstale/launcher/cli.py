@@ -94,7 +94,7 @@ def preflight(
     run, overrides = resolve(app, pairs)
     federation_options(federation)
     _, params = load_config({**app_defaults(app), **overrides})
-    prepare(run, params, run.run_name)
+    prepare(run, params)
     return run, params, overrides
 
 

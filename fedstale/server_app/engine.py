@@ -24,8 +24,9 @@ from fedstale.common.seeding import task_seed
 from fedstale.server_app.budgets import TIME_BUDGET, Counters, Stopwatch, spent, time_budget
 from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
-from fedstale.server_app.evaluation import ClientScorer, Evaluation, Evaluator, Scoreboard
+from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.nodes import NodeBook, Nodes
+from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import Assignment, InFlight, Outcome, Strategy, Update, View

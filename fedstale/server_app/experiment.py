@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import logging
-import math
-import statistics
-import time
 from collections.abc import Callable
-from dataclasses import replace
+from contextlib import AbstractContextManager
 from typing import Any
 
 import numpy as np
@@ -18,9 +15,6 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
-    metric_name,
-    score_key,
-    score_label,
 )
 from fedstale.common.federation import (
     client_holdout,
@@ -30,7 +24,6 @@ from fedstale.common.federation import (
     run_model,
     test_data,
 )
-from fedstale.common.latency import profile_for
 from fedstale.common.models import (
     ParamLayout,
     evaluate,
@@ -40,25 +33,13 @@ from fedstale.common.models import (
 from fedstale.common.objectives import objective
 from fedstale.common.sensitivity import global_sketcher, loss_gradient
 from fedstale.common.threads import blas_threads
-from fedstale.server_app import checkpoint
+from fedstale.server_app import lifecycle
 from fedstale.server_app.engine import Engine
-from fedstale.server_app.evaluation import ClientScorer, Evaluator
-from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
-from fedstale.server_app.progress import progress_for
-from fedstale.server_app.provenance import provenance
-from fedstale.server_app.results import (
-    RunRecorder,
-    aulc,
-    check_run_dir,
-    checkpointed_rows,
-    claim_run_dir,
-    resume_folder,
-    run_name,
-    writable_runs_dir,
-)
+from fedstale.server_app.lifecycle import Door, Model
+from fedstale.server_app.results import run_name
+from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.base import Setup
-from fedstale.strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
 DIAGNOSTIC_BATCH = 512  # held-out test samples behind each gradient of the Sec. 6.6 diagnostic
@@ -135,176 +116,72 @@ def gradient_aligner(run: RunConfig, model: torch.nn.Module) -> Callable:
     return align
 
 
-def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
-    loop_seconds = time.monotonic() - (engine.loop_started or engine.wall_start)
-    evals = engine.evaluations
-    times = [e.virtual_time for e in evals]
-    accuracies = [e.accuracy for e in evals]
-    scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
-    counters = engine.counters
-    key = score_key(engine.run.metric)
-    return {
-        "strategy": engine.run.strategy,
-        "evaluation": "per-client" if engine.scores.per_client else "global",
-        "metric": metric_name(engine.run.metric),
-        "stop_reason": engine.stop_reason,
-        f"final_{key}": accuracies[-1],
-        f"best_{key}": max(scored) if scored else math.nan,
-        "acc_std" if key == "accuracy" else f"{key}_std": (
-            statistics.pstdev(scored) if scored else math.nan
-        ),
-        "aulc_days": aulc(times, accuracies),
-        "time_to_target": engine.time_to_target,
-        "virtual_time": times[-1],
-        "versions": engine.version,
-        "updates_accepted": counters.accepted,
-        "updates_rejected": counters.rejected,
-        "updates_late": counters.late,  # of the accepted: their task had been written off
-        "late_refused": dict(counters.late_refused),  # reason -> late replies the rule refused
-        "tasks_lost": counters.failed,
-        "tasks_superseded": counters.superseded,
-        "downlinks": counters.dispatched,  # train messages: tasks, replacements, multicasts
-        # replies to live or written-off tasks (superseded ones are dropped uncounted)
-        "uplinks": counters.accepted + counters.rejected + sum(counters.late_refused.values()),
-        "tasks_dispatched": counters.dispatched,
-        "wall_seconds": wall_seconds,
-        "loop_seconds": loop_seconds,
-        "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
-        "client_compute_seconds": counters.client_compute_seconds,
-        "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
-        **engine.strategy.summary(),
-    }
-
-
-def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
-    path = recorder.dir / checkpoint.CHECKPOINT_FILE
-
-    def save(engine: Engine) -> None:
-        snapshot = checkpoint.snapshot(
-            engine, recorder.dir, recorder.metric_rows, recorder.update_rows
-        )
-        with engine.watch("checkpoint"):
-            checkpoint.save(snapshot, path)
-
-    return save
-
-
 def settings_of(run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
     """The run config and the strategy's keys, as config.json records them."""
     return {**run.model_dump(by_alias=True), **params.model_dump(by_alias=True), "run-name": name}
 
 
-def prepare(run: RunConfig, params: KebabModel, name: str) -> tuple[Any, dict[str, list[str]]]:
-    """Everything that can refuse the run, before its folder is touched: `prepare_folder`,
-    then the dataset."""
-    resumed, kept = prepare_folder(run, settings_of(run, params, name), name)
-    require_dataset(run)
-    return resumed, kept
+class AppDoor(Door):
+    """fedstale's own ServerApp (`fedstale run`, `--local`, `deploy`): the dataset and
+    model come from the run config, and every client's data size is known."""
+
+    def __init__(self, transport: Transport | None) -> None:
+        self.given = transport  # None: a door that only checks a run (`fedstale check`)
+        self.torch_model: torch.nn.Module | None = None
+
+    def transport(self, run: RunConfig) -> Transport:
+        assert self.given is not None, "a door without a transport only checks a run"
+        return self.given
+
+    def name(self, run: RunConfig) -> str:
+        return run_name(run)
+
+    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
+        return settings_of(run, params, name)
+
+    def refuse(self, run: RunConfig) -> None:
+        require_dataset(run)
+
+    def config_extras(self, run: RunConfig) -> dict[str, Any]:
+        split = effective_test_split(run)
+        if split != run.test_split:
+            log.warning("%s has no standard test split: testing on a 10%% holdout", run.dataset)
+        return {"test-split-effective": split}
+
+    def model(self, run: RunConfig) -> Model:
+        self.torch_model = run_model(run)  # the one model the server scores and sketches with
+        return Model(ParamLayout.of(self.torch_model), get_flat(self.torch_model))
+
+    def module(self) -> torch.nn.Module:
+        assert self.torch_model is not None, "model() comes first"
+        return self.torch_model
+
+    def setup(self, run: RunConfig, model: Model) -> Setup:
+        return setup_for(run, self.module(), model.layout)
+
+    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
+        return make_evaluator(run, self.module())
+
+    def client_scorer(self, run: RunConfig) -> ClientScorer:
+        return make_client_scorer(run, self.module())
+
+    def plot_title(self, run: RunConfig) -> str:
+        return f"{run.strategy} on {run.dataset}"
+
+    def started(self, run: RunConfig, engine: Engine) -> None:
+        if run.test_faults:
+            log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
+
+    def looping(self) -> AbstractContextManager[Any]:
+        return blas_threads(1)
 
 
-def prepare_folder(
-    run: RunConfig, settings: dict[str, Any], name: str
-) -> tuple[checkpoint.Checkpoint | None, dict[str, list[str]]]:
-    """The runs directory, the checkpoint to resume (and its rows, if it was written with
-    these `settings`), the folder's earlier run: each refuses the run in one line before
-    its folder is touched."""
-    writable_runs_dir(run)
-    resumed, kept = None, {}
-    if run.resume_from:
-        resumed = checkpoint.load(run.resume_from)
-        source = resume_folder(run.resume_from)
-        checkpoint.check_resumable(resumed, source, settings)
-        kept = checkpointed_rows(source, resumed.metric_rows, resumed.update_rows)
-    check_run_dir(run, name)
-    return resumed, kept
+def prepare(run: RunConfig, params: KebabModel) -> None:
+    """Everything that can refuse the run before its folder is touched (`fedstale check`)."""
+    lifecycle.prepare(AppDoor(None), run, params)
 
 
 def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> dict[str, Any]:
-    started = time.monotonic()
-    name = run_name(run)
-    resumed, kept = prepare(run, params, name)
     if not log.level:
         log.setLevel(logging.INFO)
-    recorder = RunRecorder(claim_run_dir(run, name), kept)
-    try:
-        return record_run(run, params, transport, recorder, resumed, started)
-    except ConfigError:
-        if resumed is None:  # refused before it ran: leave no half-written folder
-            recorder.discard()
-        raise
-    finally:
-        recorder.close()
-
-
-def record_run(
-    run: RunConfig,
-    params: KebabModel,
-    transport: Transport,
-    recorder: RunRecorder,
-    resumed: checkpoint.Checkpoint | None,
-    started: float,
-) -> dict[str, Any]:
-    name = recorder.dir.name
-    split = effective_test_split(run)
-    if split != run.test_split:
-        log.warning("%s has no standard test split: testing on a 10%% holdout", run.dataset)
-    recorder.write_config(
-        {
-            **settings_of(run, params, name),
-            "test-split-effective": split,
-            "provenance": provenance(),
-        }
-    )
-    model = run_model(run)  # the one model the server scores and sketches with
-    layout = ParamLayout.of(model)
-    strategy = build_strategy(run, params, get_flat(model))
-    setup = setup_for(run, model, layout)
-    strategy.bind(setup)
-    latency = profile_for(run, setup.client_sizes)
-    factors = strategy.latency_factors()
-    if factors is not None:
-        latency = replace(latency, base=latency.base * factors)
-    progress = progress_for(run.progress_interval)
-    engine = Engine(
-        run,
-        strategy,
-        transport,
-        layout,
-        latency,
-        make_evaluator(run, model),
-        recorder,
-        progress,
-        checkpointer(recorder),
-        make_client_scorer(run, model),
-    )
-    if resumed is not None:
-        checkpoint.restore(engine, resumed)
-    log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
-    if run.test_faults:
-        log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
-    try:
-        with Heartbeat(recorder.dir / HEARTBEAT_FILE), blas_threads(1):
-            engine.run_loop()
-    finally:
-        progress.close()
-    summary = summarize(engine, time.monotonic() - started)
-    recorder.write_summary(summary)
-    recorder.save_model(layout.unflatten(strategy.model))
-    recorder.plot(
-        f"{run.strategy} on {run.dataset}",
-        [e.virtual_time for e in engine.evaluations],
-        [e.accuracy for e in engine.evaluations],
-        score_label(run.metric, engine.scores.per_client),
-    )
-    key = score_key(run.metric)
-    log.info(
-        "done: final %s %.4f, best %.4f, %d versions, %d updates in %.1f s (%s)",
-        metric_name(run.metric),
-        summary[f"final_{key}"],
-        summary[f"best_{key}"],
-        summary["versions"],
-        summary["updates_accepted"],
-        summary["wall_seconds"],
-        recorder.dir,
-    )
-    return summary
+    return lifecycle.run_through(AppDoor(transport), run, params)

@@ -35,22 +35,23 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
-    score_label,
 )
 from fedstale.common.latency import profile_for
 from fedstale.common.models import ParamLayout, output_width
 from fedstale.common.records import from_array_record, to_array_record
 from fedstale.common.sensitivity import global_sketcher
-from fedstale.server_app import checkpoint
+from fedstale.server_app import lifecycle
 from fedstale.server_app.contract import FlowerContract
 from fedstale.server_app.engine import Engine, EngineError
-from fedstale.server_app.experiment import checkpointer, prepare_folder, settings_of, summarize
-from fedstale.server_app.nodes import NodesInOrder
-from fedstale.server_app.progress import progress_for, setup_logging
+from fedstale.server_app.experiment import settings_of
+from fedstale.server_app.lifecycle import Door, Model
+from fedstale.server_app.nodes import Nodes, NodesInOrder
+from fedstale.server_app.progress import setup_logging
 from fedstale.server_app.results import RunRecorder, claim_run_dir
-from fedstale.server_app.transport import GridTransport
+from fedstale.server_app.scored import Evaluator
+from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import Setup
-from fedstale.strategies.registry import STRATEGIES, build_strategy, load_config
+from fedstale.strategies.registry import STRATEGIES, load_config
 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
@@ -231,113 +232,16 @@ class AsyncStrategy(FlowerStrategy):
         configs: tuple[ConfigRecord, ConfigRecord],
         evaluate_fn: EvaluateFn | None,
     ) -> Result:
-        started = time.monotonic()
         user_config = dict(configs[0])
         nodes = wait_for_nodes(grid, self.num_clients or self.min_available_nodes, self.settings)
         run, params = self.run_config(self.num_clients or nodes, num_rounds, timeout, user_config)
-        arrays = from_array_record(initial_arrays)
-        layout = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
-        dtypes = {name: a.dtype for name, a in arrays.items()}
-        settings = {k: v for k, v in settings_of(run, params, "").items() if k not in APP_ONLY}
-        name = run.run_name or f"{run.strategy}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
-        settings["run-name"] = name
-        resumed, kept = prepare_folder(run, settings, name)
-        recorder = ResultRecorder(claim_run_dir(run, name), kept)
-        result = Result()
-        try:
-            recorder.write_config({**settings, "train-config": user_config})
-            strategy = build_strategy(run, params, layout.flatten(arrays))
-            strategy.bind(self.setup(run, layout))
-            contract = FlowerContract(user_config, dtypes, self.hints())
-            engine = Engine(
-                run,
-                strategy,
-                GridTransport(grid, run.task_ttl),
-                layout,
-                profile_for(run),
-                self.evaluator(evaluate_fn, layout, contract, result, lambda: engine.version),
-                recorder,
-                progress_for(run.progress_interval),
-                checkpointer(recorder),
-                contract=contract,
-                nodes=NodesInOrder(run.num_clients, edge_of=dict(self.edges)),
-            )
-            if resumed is not None:
-                checkpoint.restore(engine, resumed)
-            log.info(
-                "run %s: %s over %d nodes, results in %s",
-                name,
-                run.strategy,
-                run.num_clients,
-                recorder.dir,
-            )
-            engine.run_loop()
-            result.arrays = array_record_of(strategy.model, layout, contract)
-            result.train_metrics_clientapp.update(recorder.train_metrics(contract.metrics))
-            self.evaluate_clients(grid, engine.version, result, configs[1], timeout)
-            finish(recorder, engine, layout, started)
-        finally:
-            recorder.close()
-        return result
-
-    def setup(self, run: RunConfig, layout: ParamLayout) -> Setup:
-        """What the rule may take before the run: the layout, uniform client sizes (a
-        Flower ClientApp's data sizes are unknown until it answers), and the server's
-        sketcher where `model_fn` was given."""
-
-        def no_calibration(size: int) -> tuple[dict[str, Any], Any]:
-            raise ConfigError(
-                f"{run.strategy}: a real calibration batch needs fedstale's own app's test "
-                "data; use fedpsa_calib_source='gaussian'"
-            )
-
-        def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
-            if self.model_fn is None or self.input_shape is None:
-                raise ConfigError(
-                    f"{run.strategy} sketches the global model at the server: pass "
-                    f"{type(self).__name__}(model_fn=<your model factory>, "
-                    "input_shape=<one sample's shape>)"
-                )
-            model = self.model_fn()
-            num_classes = output_width(model, self.input_shape)
-            return global_sketcher(model, self.input_shape, num_classes)(settings, batch)
-
-        def no_aligner() -> Any:
-            raise ConfigError(f"{run.strategy}: the diagnostic needs fedstale's own app")
-
-        return Setup(
-            segments=tuple(layout.segments),
-            client_sizes=np.ones(run.num_clients),
-            calibration=no_calibration,
-            sketcher=sketcher,
-            aligner=no_aligner,
-        )
+        door = LibraryDoor(self, grid, from_array_record(initial_arrays), user_config, evaluate_fn)
+        lifecycle.run_through(door, run, params)
+        self.evaluate_clients(grid, door.engine_version, door.result, configs[1], timeout)
+        return door.result
 
     def hints(self) -> dict[str, str]:
         return {rule.name: rule.mod for rule in STRATEGIES[self.rule].client_rules}
-
-    def evaluator(
-        self,
-        evaluate_fn: EvaluateFn | None,
-        layout: ParamLayout,
-        contract: FlowerContract,
-        result: Result,
-        version_now: Callable[[], int],
-    ) -> Callable[[np.ndarray], tuple[float, float]]:
-        """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in
-        the Result by version; "accuracy" and "loss" from it go to metrics.jsonl."""
-
-        def score(flat: np.ndarray) -> tuple[float, float]:
-            if evaluate_fn is None:
-                return math.nan, math.nan
-            version = version_now()
-            metrics = evaluate_fn(version, array_record_of(flat, layout, contract))
-            if metrics is None:
-                return math.nan, math.nan
-            result.evaluate_metrics_serverapp[version] = metrics
-            return number(metrics, "accuracy"), number(metrics, "loss")
-
-        return score
 
     def evaluate_clients(
         self, grid: Grid, version: int, result: Result, config: ConfigRecord, timeout: float
@@ -409,24 +313,111 @@ class ResultRecorder(RunRecorder):
         return out
 
 
-def finish(recorder: RunRecorder, engine: Engine, layout: ParamLayout, started: float) -> None:
-    summary = summarize(engine, time.monotonic() - started)
-    recorder.write_summary(summary)
-    recorder.save_model(layout.unflatten(engine.strategy.model))
-    accuracies = [e.accuracy for e in engine.evaluations]
-    if any(math.isfinite(a) for a in accuracies):  # without evaluate_fn nothing was scored
-        times = [e.virtual_time for e in engine.evaluations]
-        label = score_label(engine.run.metric, engine.scores.per_client)
-        recorder.plot(engine.run.strategy, times, accuracies, label)
-    log.info(
-        "done: %d versions, %d updates (%d rejected, %d lost) in %.1f s (%s)",
-        summary["versions"],
-        summary["updates_accepted"],
-        summary["updates_rejected"],
-        summary["tasks_lost"],
-        summary["wall_seconds"],
-        recorder.dir,
-    )
+class LibraryDoor(Door):
+    """The library's way in: a user's Grid, their initial arrays and evaluate_fn, any
+    ClientApp answering Flower's train message; the clients' data sizes are unknown."""
+
+    def __init__(
+        self,
+        strategy: AsyncStrategy,
+        grid: Grid,
+        arrays: dict[str, np.ndarray],
+        user_config: dict[str, Any],
+        evaluate_fn: EvaluateFn | None,
+    ) -> None:
+        self.strategy = strategy
+        self.grid = grid
+        self.arrays = arrays
+        self.user_config = user_config
+        self.evaluate_fn = evaluate_fn
+        self.layout = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
+        dtypes = {name: a.dtype for name, a in arrays.items()}
+        self.flower = FlowerContract(user_config, dtypes, strategy.hints())
+        self.contract = self.flower
+        self.result = Result()
+        self.engine_version = 0
+
+    def name(self, run: RunConfig) -> str:
+        return run.run_name or f"{run.strategy}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
+        settings = settings_of(run, params, name)
+        return {k: v for k, v in settings.items() if k not in APP_ONLY}
+
+    def config_extras(self, run: RunConfig) -> dict[str, Any]:
+        return {"train-config": self.user_config}
+
+    def transport(self, run: RunConfig) -> Transport:
+        return GridTransport(self.grid, run.task_ttl)
+
+    def nodes(self, run: RunConfig) -> Nodes:
+        return NodesInOrder(run.num_clients, edge_of=dict(self.strategy.edges))
+
+    def model(self, run: RunConfig) -> Model:
+        return Model(self.layout, self.layout.flatten(self.arrays))
+
+    def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
+        return ResultRecorder(claim_run_dir(run, name), kept)
+
+    def client_sizes(self, setup: Setup) -> np.ndarray | None:
+        return None
+
+    def setup(self, run: RunConfig, model: Model) -> Setup:
+        """What the rule may take before the run: the layout, uniform client sizes (a
+        Flower ClientApp's data sizes are unknown until it answers), and the server's
+        sketcher where `model_fn` was given."""
+
+        def no_calibration(size: int) -> tuple[dict[str, Any], Any]:
+            raise ConfigError(
+                f"{run.strategy}: a real calibration batch needs fedstale's own app's test "
+                "data; use fedpsa_calib_source='gaussian'"
+            )
+
+        def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
+            if self.strategy.model_fn is None or self.strategy.input_shape is None:
+                raise ConfigError(
+                    f"{run.strategy} sketches the global model at the server: pass "
+                    f"{type(self.strategy).__name__}(model_fn=<your model factory>, "
+                    "input_shape=<one sample's shape>)"
+                )
+            torch_model = self.strategy.model_fn()
+            num_classes = output_width(torch_model, self.strategy.input_shape)
+            sketch = global_sketcher(torch_model, self.strategy.input_shape, num_classes)
+            return sketch(settings, batch)
+
+        def no_aligner() -> Any:
+            raise ConfigError(f"{run.strategy}: the diagnostic needs fedstale's own app")
+
+        return Setup(
+            segments=tuple(model.layout.segments),
+            client_sizes=np.ones(run.num_clients),
+            calibration=no_calibration,
+            sketcher=sketcher,
+            aligner=no_aligner,
+        )
+
+    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
+        """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in
+        the Result by version; "accuracy" and "loss" from it go to metrics.jsonl."""
+        evaluate_fn, result, contract = self.evaluate_fn, self.result, self.flower
+
+        def score(flat: np.ndarray) -> tuple[float, float]:
+            if evaluate_fn is None:
+                return math.nan, math.nan
+            metrics = evaluate_fn(version(), array_record_of(flat, model.layout, contract))
+            if metrics is None:
+                return math.nan, math.nan
+            result.evaluate_metrics_serverapp[version()] = metrics
+            return number(metrics, "accuracy"), number(metrics, "loss")
+
+        return score
+
+    def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
+        self.engine_version = engine.version
+        self.result.arrays = array_record_of(engine.strategy.model, self.layout, self.flower)
+        if isinstance(recorder, ResultRecorder):
+            metrics = recorder.train_metrics(self.flower.metrics)
+            self.result.train_metrics_clientapp.update(metrics)
 
 
 # ---------------------------------------------------------------- the rules, by name

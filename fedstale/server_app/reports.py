@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fedstale.common.config import RunConfig
 from fedstale.common.models import ParamLayout
@@ -37,11 +37,9 @@ from fedstale.common.schema import (
 from fedstale.server_app.clock import Task
 from fedstale.server_app.nodes import Nodes
 from fedstale.server_app.once import OnceLog
+from fedstale.server_app.scored import Evaluation
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import Strategy
-
-if TYPE_CHECKING:
-    from fedstale.server_app.evaluation import Evaluation
 
 log = logging.getLogger("fedstale")
 

@@ -1,0 +1,278 @@
+"""One run, whichever door it came through: fedstale's ServerApp (`fedstale run`, `--local`,
+`deploy`) or the library (`AsyncStrategy.start` in a user's ServerApp).
+
+The lifecycle is the same for both: refuse what cannot run before the folder is touched,
+claim the folder, write config.json with provenance, build and bind the rule, apply the
+rule's latency factors, build the engine, resume, loop (heartbeat beside it), summarise,
+save the model, plot, and close what it opened. A run refused before it looped leaves no
+folder. A `Door` supplies only what differs: its transport, contract and node mapping,
+the model and its evaluator, and what it knows of the clients.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from fedstale.common.config import (
+    ConfigError,
+    KebabModel,
+    RunConfig,
+    metric_name,
+    score_key,
+    score_label,
+)
+from fedstale.common.latency import LatencyProfile, profile_for
+from fedstale.common.models import ParamLayout
+from fedstale.server_app import checkpoint
+from fedstale.server_app.contract import Contract
+from fedstale.server_app.engine import Engine
+from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
+from fedstale.server_app.nodes import Nodes
+from fedstale.server_app.progress import Progress, ProgressBar, progress_for
+from fedstale.server_app.provenance import provenance
+from fedstale.server_app.results import (
+    RunRecorder,
+    check_run_dir,
+    checkpointed_rows,
+    claim_run_dir,
+    resume_folder,
+    writable_runs_dir,
+)
+from fedstale.server_app.scored import ClientScorer, Evaluator
+from fedstale.server_app.summary import summarize
+from fedstale.server_app.transport import Transport
+from fedstale.strategies.base import Setup, Strategy
+from fedstale.strategies.registry import build_strategy
+
+log = logging.getLogger("fedstale")
+
+
+@dataclass(frozen=True)
+class Model:
+    """The model a run starts from: its layout and flat initial parameters."""
+
+    layout: ParamLayout
+    initial: np.ndarray
+
+
+class Door(ABC):
+    """What one way into the engine supplies. Called in the lifecycle's order: `name`,
+    `settings` and `refuse` before the folder is claimed; the rest after."""
+
+    contract: Contract | None = None  # None: fedstale's own task and reply format
+
+    @abstractmethod
+    def transport(self, run: RunConfig) -> Transport: ...
+
+    def nodes(self, run: RunConfig) -> Nodes | None:
+        """How nodes map to clients (None: each node names its partition)."""
+        return None
+
+    @abstractmethod
+    def name(self, run: RunConfig) -> str:
+        """The run folder's name."""
+
+    @abstractmethod
+    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
+        """config.json's settings; a resumed run must have been written with the same."""
+
+    def refuse(self, run: RunConfig) -> None:
+        """Raise ConfigError on what refuses the run before its folder is touched."""
+
+    def config_extras(self, run: RunConfig) -> dict[str, Any]:
+        """Entries config.json holds beside the settings and the provenance."""
+        return {}
+
+    @abstractmethod
+    def model(self, run: RunConfig) -> Model: ...
+
+    @abstractmethod
+    def setup(self, run: RunConfig, model: Model) -> Setup:
+        """What the rule may take before the run (Strategy.bind)."""
+
+    def client_sizes(self, setup: Setup) -> np.ndarray | None:
+        """The clients' data sizes, where the door knows them (the proportional latency
+        profile needs them)."""
+        return setup.client_sizes
+
+    @abstractmethod
+    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
+        """The global model's scorer; `version()` is the engine's version at the call."""
+
+    def client_scorer(self, run: RunConfig) -> ClientScorer | None:
+        return None
+
+    def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
+        return RunRecorder(claim_run_dir(run, name), kept)
+
+    def plot_title(self, run: RunConfig) -> str:
+        return run.strategy
+
+    def looping(self) -> AbstractContextManager[Any]:
+        """What holds while the engine loops."""
+        return nullcontext()
+
+    def started(self, run: RunConfig, engine: Engine) -> None:
+        """The engine is built and resumed, the loop about to start."""
+
+    def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
+        """The loop ended; the summary, model and plot are written after this."""
+
+
+def prepare_folder(
+    run: RunConfig, settings: dict[str, Any], name: str
+) -> tuple[checkpoint.Checkpoint | None, dict[str, list[str]]]:
+    """The runs directory, the checkpoint to resume (and its rows, if it was written with
+    these `settings`), the folder's earlier run: each refuses the run in one line before
+    its folder is touched."""
+    writable_runs_dir(run)
+    resumed, kept = None, {}
+    if run.resume_from:
+        resumed = checkpoint.load(run.resume_from)
+        source = resume_folder(run.resume_from)
+        checkpoint.check_resumable(resumed, source, settings)
+        kept = checkpointed_rows(source, resumed.metric_rows, resumed.update_rows)
+    check_run_dir(run, name)
+    return resumed, kept
+
+
+def prepare(
+    door: Door, run: RunConfig, params: KebabModel
+) -> tuple[str, dict[str, Any], checkpoint.Checkpoint | None, dict[str, list[str]]]:
+    """Everything that can refuse the run before its folder is touched."""
+    name = door.name(run)
+    settings = door.settings(run, params, name)
+    resumed, kept = prepare_folder(run, settings, name)
+    door.refuse(run)
+    return name, settings, resumed, kept
+
+
+def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any]:
+    """One run from its config to its summary."""
+    started = time.monotonic()
+    name, settings, resumed, kept = prepare(door, run, params)
+    recorder = door.recorder(run, name, kept)
+    looped = False
+    try:
+        recorder.write_config({**settings, **door.config_extras(run), "provenance": provenance()})
+        progress = progress_for(run.progress_interval)
+        engine = build_engine(door, run, params, recorder, progress)
+        if resumed is not None:
+            checkpoint.restore(engine, resumed)
+        log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
+        door.started(run, engine)
+        looped = True
+        loop(door, engine, recorder, progress)
+        door.finished(run, engine, recorder)
+        return finish(door, run, engine, recorder, time.monotonic() - started)
+    except ConfigError:
+        if not looped and resumed is None:  # refused before it ran: no half-written folder
+            recorder.discard()
+        raise
+    finally:
+        recorder.close()
+
+
+def build_engine(
+    door: Door,
+    run: RunConfig,
+    params: KebabModel,
+    recorder: RunRecorder,
+    progress: Progress | ProgressBar,
+) -> Engine:
+    model = door.model(run)
+    strategy = build_strategy(run, params, model.initial)
+    setup = door.setup(run, model)
+    strategy.bind(setup)
+    engine: Engine | None = None
+
+    def version() -> int:
+        return engine.version if engine is not None else 0
+
+    engine = Engine(
+        run,
+        strategy,
+        door.transport(run),
+        model.layout,
+        latency_of(run, strategy, door.client_sizes(setup)),
+        door.evaluator(run, model, version),
+        recorder,
+        progress,
+        checkpointer(recorder),
+        door.client_scorer(run),
+        contract=door.contract,
+        nodes=door.nodes(run),
+    )
+    return engine
+
+
+def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> LatencyProfile:
+    """The run's latency profile, scaled by the factors the rule's topology implies."""
+    latency = profile_for(run, sizes)
+    factors = strategy.latency_factors()
+    if factors is not None:
+        latency = replace(latency, base=latency.base * factors)
+    return latency
+
+
+def loop(
+    door: Door, engine: Engine, recorder: RunRecorder, progress: Progress | ProgressBar
+) -> None:
+    try:
+        with Heartbeat(recorder.dir / HEARTBEAT_FILE), door.looping():
+            engine.run_loop()
+    finally:
+        progress.close()
+
+
+def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
+    path = recorder.dir / checkpoint.CHECKPOINT_FILE
+
+    def save(engine: Engine) -> None:
+        snapshot = checkpoint.snapshot(
+            engine, recorder.dir, recorder.metric_rows, recorder.update_rows
+        )
+        with engine.watch("checkpoint"):
+            checkpoint.save(snapshot, path)
+
+    return save
+
+
+def finish(
+    door: Door, run: RunConfig, engine: Engine, recorder: RunRecorder, wall_seconds: float
+) -> dict[str, Any]:
+    summary = summarize(engine, wall_seconds)
+    recorder.write_summary(summary)
+    recorder.save_model(engine.layout.unflatten(engine.strategy.model))
+    scores = [e.accuracy for e in engine.evaluations]
+    if any(math.isfinite(s) for s in scores):  # a library run without evaluate_fn scores none
+        times = [e.virtual_time for e in engine.evaluations]
+        label = score_label(run.metric, engine.scores.per_client)
+        recorder.plot(door.plot_title(run), times, scores, label)
+    log.info("done: %s", done_line(run, summary, recorder))
+    return summary
+
+
+def done_line(run: RunConfig, summary: dict[str, Any], recorder: RunRecorder) -> str:
+    key = score_key(run.metric)
+    scored = math.isfinite(summary[f"final_{key}"])
+    score = (
+        f"final {metric_name(run.metric)} {summary[f'final_{key}']:.4f}, "
+        f"best {summary[f'best_{key}']:.4f}, "
+        if scored
+        else ""
+    )
+    return (
+        f"{score}{summary['versions']} versions, {summary['updates_accepted']} updates "
+        f"({summary['updates_rejected']} rejected, {summary['tasks_lost']} lost) in "
+        f"{summary['wall_seconds']:.1f} s ({recorder.dir})"
+    )

@@ -1,0 +1,53 @@
+"""summary.json: what a finished run adds up to."""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from typing import Any
+
+from fedstale.common.config import metric_name, score_key
+from fedstale.server_app.engine import Engine
+from fedstale.server_app.results import aulc
+
+
+def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
+    loop_seconds = time.monotonic() - (engine.loop_started or engine.wall_start)
+    evals = engine.evaluations
+    times = [e.virtual_time for e in evals]
+    accuracies = [e.accuracy for e in evals]
+    scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
+    counters = engine.counters
+    key = score_key(engine.run.metric)
+    return {
+        "strategy": engine.run.strategy,
+        "evaluation": "per-client" if engine.scores.per_client else "global",
+        "metric": metric_name(engine.run.metric),
+        "stop_reason": engine.stop_reason,
+        f"final_{key}": accuracies[-1],
+        f"best_{key}": max(scored) if scored else math.nan,
+        "acc_std" if key == "accuracy" else f"{key}_std": (
+            statistics.pstdev(scored) if scored else math.nan
+        ),
+        "aulc_days": aulc(times, accuracies),
+        "time_to_target": engine.time_to_target,
+        "virtual_time": times[-1],
+        "versions": engine.version,
+        "updates_accepted": counters.accepted,
+        "updates_rejected": counters.rejected,
+        "updates_late": counters.late,  # of the accepted: their task had been written off
+        "late_refused": dict(counters.late_refused),  # reason -> late replies the rule refused
+        "tasks_lost": counters.failed,
+        "tasks_superseded": counters.superseded,
+        "downlinks": counters.dispatched,  # train messages: tasks, replacements, multicasts
+        # replies to live or written-off tasks (superseded ones are dropped uncounted)
+        "uplinks": counters.accepted + counters.rejected + sum(counters.late_refused.values()),
+        "tasks_dispatched": counters.dispatched,
+        "wall_seconds": wall_seconds,
+        "loop_seconds": loop_seconds,
+        "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
+        "client_compute_seconds": counters.client_compute_seconds,
+        "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
+        **engine.strategy.summary(),
+    }
