@@ -6,8 +6,9 @@ and `fedstale.launcher` (the `fedstale` command).
 
 For a Flower user's own apps (docs/library.md): the rules as Flower strategies,
 `from fedstale import FedBuff`, and the client halves as mods, `fedstale.fedpsa_mod`.
-They are imported on first use, so that a ClientApp importing one mod does not load the
-server's engine.
+Both are derived from the rules' declarations (fedstale/strategies/rule.py), an installed
+package's rules included, and imported on first use, so that a ClientApp importing one mod
+does not load the server's engine.
 """
 
 from __future__ import annotations
@@ -16,24 +17,31 @@ from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-STRATEGIES = "fedstale.server_app.flower_strategy"
-MODS = "fedstale.client_app.mods"
-EXPORTS = {
-    **{
-        name: STRATEGIES
-        for name in ("AsyncStrategy", "FedAvg", "FedAsync", "FedBuff", "CA2FL", "FedFa")
-    },
-    **{name: STRATEGIES for name in ("FedPSA", "SaflFedSGD", "SaflFedAvg", "HierFedAvg")},
-    **{name: STRATEGIES for name in ("MAFSA", "FedQSSGD", "FedQSAvg")},
-    **{name: MODS for name in ("fedpsa_mod", "mafsa_mod", "fedqs_mod")},
-}
-__all__ = ["__version__", *EXPORTS]
+LIBRARY = "fedstale.server_app.flower_strategy"
+
+
+def exports() -> dict[str, str]:
+    """Exported name -> the module holding it: the library's base class, a class per
+    rule declared with a library name, and each declared client half's Flower mod."""
+    from fedstale.strategies.registry import declarations
+
+    found = {"AsyncStrategy": LIBRARY}
+    for rule in declarations().values():
+        if rule.library:
+            found[rule.library] = LIBRARY
+        if rule.mod:
+            module, _, name = rule.mod.partition(":")
+            found[name] = module
+    return found
 
 
 def __getattr__(name: str) -> Any:
-    if name not in EXPORTS:
+    if name == "__all__":
+        return ["__version__", *exports()]
+    found = exports() if not name.startswith("__") else {}
+    if name not in found:
         raise AttributeError(f"module 'fedstale' has no attribute '{name}'")
-    return getattr(import_module(EXPORTS[name]), name)
+    return getattr(import_module(found[name]), name)
 
 
 try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -142,3 +145,26 @@ def bind_server(run: RunConfig, strategy: Strategy) -> None:
 
     model = run_model(run)
     strategy.bind(setup_for(run, model, ParamLayout.of(model)))
+
+
+@contextmanager
+def rule_package(folder: Path, entry: str, name: str = "rule-package") -> Iterator[Path]:
+    """An installed package declaring rules, as pip leaves one: a dist-info folder whose
+    entry point `fedstale.rules` names `entry` ("module:RULES"), on sys.path; the registry
+    (and the library's classes) read afresh inside the block and after it."""
+    from fedstale.server_app.flower_strategy import library_classes
+    from fedstale.strategies.registry import declarations
+
+    info = folder / f"{name.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text(f"[fedstale.rules]\n{name} = {entry}\n")
+    sys.path.insert(0, str(folder))
+    declarations.cache_clear()
+    library_classes.cache_clear()
+    try:
+        yield info
+    finally:
+        sys.path.remove(str(folder))
+        declarations.cache_clear()
+        library_classes.cache_clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -20,7 +21,8 @@ from fedstale.strategies.base import Outcome, Update, View, update_record
 from fedstale.strategies.client import ClientRule, LocalTask, UnknownClientRule
 from fedstale.strategies.fedbuff import FedBuff
 from fedstale.strategies.registry import STRATEGIES, load_config
-from tests.helpers import run_config
+from fedstale.strategies.rule import Rule
+from tests.helpers import rule_package, run_config
 
 PROBE = "probe-norm"
 
@@ -61,10 +63,20 @@ class ProbeStrategy(FedBuff):
         return outcome
 
 
+RULES = (Rule(ProbeStrategy, wire=(PROBE, "tasks-seen")),)
+
+
+@pytest.fixture
+def probe_declared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """ProbeStrategy declared by a package's entry point, as any rule outside fedstale."""
+    with rule_package(tmp_path_factory.mktemp("package"), f"{__name__}:RULES", "probe"):
+        yield
+
+
+@pytest.mark.usefixtures("probe_declared")
 def test_a_client_rule_adds_a_signal_keeps_state_and_changes_the_loss(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
-    monkeypatch.setitem(STRATEGIES, "probe", ProbeStrategy)
     used: list[str] = []
     original = training.autograd_step
     monkeypatch.setattr(
@@ -91,8 +103,8 @@ def test_a_client_rule_adds_a_signal_keeps_state_and_changes_the_loss(
     assert len(used) == summary["tasks_dispatched"]
 
 
-def test_client_state_persists_per_client_in_process(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(STRATEGIES, "probe", ProbeStrategy)
+@pytest.mark.usefixtures("probe_declared")
+def test_client_state_persists_per_client_in_process() -> None:
     cfg = run_config(dataset="digits", num_clients=2, concurrency=1)
     transport = local_transport(cfg)
     model, layout = client_model(cfg)

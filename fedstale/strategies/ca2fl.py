@@ -16,6 +16,7 @@ from pydantic import Field
 from fedstale.common.config import KebabModel
 from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
 from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.rule import Rule
 
 
 class CA2FLParams(KebabModel):
@@ -49,3 +50,13 @@ class CA2FL(Strategy):
         self.accumulator[:] = 0.0
         weight = eta / self.run.buffer_size
         return Outcome(changed=True, records=[update_record(u, weight) for u in batch])
+
+
+RULES = (
+    Rule(
+        CA2FL,
+        library="CA2FL",
+        about="""CA2FL (Wang et al. 2024): FedBuff's buffer calibrated with each client's
+    cached latest update.""",
+    ),
+)

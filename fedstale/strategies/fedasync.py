@@ -19,6 +19,7 @@ from pydantic import Field
 from fedstale.common.config import KebabModel
 from fedstale.common.schema import RETURN_MODEL
 from fedstale.strategies.base import InFlight, Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Kind, Staleness
 
 
@@ -71,3 +72,13 @@ class FedAsync(Strategy):
         if bound and task.staleness > bound:
             return f"staleness {task.staleness} is past fedasync-max-staleness {bound}"
         return ""
+
+
+RULES = (
+    Rule(
+        FedAsync,
+        library="FedAsync",
+        about="""FedAsync (Xie et al. 2019): every update is mixed in on arrival,
+    w <- (1 - a_t) w + a_t w_i with a_t = fedasync_alpha * s(staleness).""",
+    ),
+)

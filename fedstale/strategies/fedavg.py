@@ -23,6 +23,7 @@ from fedstale.strategies.base import (
     pick_uniform,
     update_record,
 )
+from fedstale.strategies.rule import Rule
 
 
 class FedAvg(Strategy):
@@ -63,3 +64,14 @@ class FedAvg(Strategy):
         records = [update_record(u, w) for u, w in zip(self.received, weights, strict=True)]
         self.received, self.dispatched = [], 0
         return Outcome(changed=True, records=records)
+
+
+RULES = (
+    Rule(
+        FedAvg,
+        library="FedAvg",
+        about="""FedAvg (McMahan et al. 2017) on fedstale's engine: rounds of `concurrency`
+    clients, w = sum n_i w_i / sum n_i; the synchronous baseline, with results folder and
+    checkpoints.""",
+    ),
+)

@@ -14,6 +14,7 @@ from pydantic import Field
 from fedstale.common.config import KebabModel
 from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
 from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
 
 DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
@@ -47,3 +48,13 @@ class FedBuff(Strategy):
         self.model = (self.model + step).astype(np.float32)
         records = [update_record(u, w) for u, w in zip(batch, weights, strict=True)]
         return Outcome(changed=True, records=records)
+
+
+RULES = (
+    Rule(
+        FedBuff,
+        library="FedBuff",
+        about="""FedBuff (Nguyen et al. 2022): deltas buffered K at a time (`buffer_size`),
+    each discounted by (1 + staleness)^-0.5.""",
+    ),
+)

@@ -13,6 +13,7 @@ import numpy as np
 
 from fedstale.common.schema import RETURN_MODEL
 from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.rule import Rule
 
 
 class FedFa(Strategy):
@@ -28,3 +29,13 @@ class FedFa(Strategy):
         self.window.append(update.vector.astype(np.float32))
         self.model = np.mean(np.stack(self.window).astype(np.float64), axis=0).astype(np.float32)
         return Outcome(changed=True, records=[update_record(update, 1.0 / len(self.window))])
+
+
+RULES = (
+    Rule(
+        FedFa,
+        library="FedFa",
+        about="""FedFa (Xu et al. 2024): a sliding window of the last K models, averaged on
+    every arrival.""",
+    ),
+)

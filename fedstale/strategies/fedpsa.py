@@ -44,6 +44,7 @@ from fedstale.strategies.base import (
 )
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.rule import Rule
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
 HISTORY = 256  # global versions kept for the diagnostic (an older base is not scored)
@@ -284,3 +285,18 @@ class FedPSA(Strategy):
             zip((u.task_id for u in scored), self.align(clients, self.model), strict=True)
         )
         return [{"align": values[u.task_id]} if u.task_id in values else {} for u in batch]
+
+
+RULES = (
+    Rule(
+        FedPSA,
+        library="FedPSA",
+        about="""FedPSA (Lu et al.): buffered updates weighted by how far each client's
+    parameter sensitivity has drifted from the global model's, at a temperature that
+    follows training. Needs `model_fn` and `input_shape` here, and fedstale.fedpsa_mod in
+    the ClientApp.""",
+        wire=tuple(v for k, v in vars(SignalKeys).items() if k.isupper()),
+        labels="its sensitivity sketches are cross-entropy gradients",
+        mod="fedstale.client_app.mods:fedpsa_mod",
+    ),
+)

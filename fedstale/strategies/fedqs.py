@@ -33,6 +33,7 @@ from fedstale.strategies.base import (
 )
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.rule import Rule
 
 FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
 TYPES = (FBC, SBC, FUC, SUC)
@@ -474,3 +475,40 @@ class FedQSAvg(FedQSSGD):
 
     name = "fedqs-avg"
     returns = RETURN_MODEL
+
+
+FEDQS_WIRE = tuple(v for k, v in vars(RuleKeys).items() if k.startswith("FEDQS_"))
+FEDQS_LABELS = "its clients score per-class accuracy"
+RULES = (
+    Rule(
+        SaflFedSGD,
+        library="SaflFedSGD",
+        about="""Semi-asynchronous FedSGD (the FedQS paper's baseline): w += (1/K) sum
+    delta_i over the first K updates of a FIFO.""",
+    ),
+    Rule(
+        SaflFedAvg,
+        library="SaflFedAvg",
+        about="""Semi-asynchronous FedAvg (the FedQS paper's baseline): w = (1/K) sum w_i
+    over the first K models of a FIFO.""",
+    ),
+    Rule(
+        FedQSSGD,
+        library="FedQSSGD",
+        about="""FedQS-SGD (NeurIPS 2025): a K-FIFO whose clients are classified at dispatch
+    (fast or slow, aligned or not) and get their own lr and momentum; flagged updates
+    weighted up, w += sum p_i delta_i with p_i from the replies' num-examples. Needs
+    fedstale.fedqs_mod(model_fn, data_fn) in the ClientApp.""",
+        wire=FEDQS_WIRE,
+        labels=FEDQS_LABELS,
+        mod="fedstale.client_app.mods:fedqs_mod",
+    ),
+    Rule(
+        FedQSAvg,
+        library="FedQSAvg",
+        about="""FedQS-Avg: as FedQSSGD, clients' models averaged, w = sum p_i w_i.""",
+        wire=FEDQS_WIRE,
+        labels=FEDQS_LABELS,
+        mod="fedstale.client_app.mods:fedqs_mod",
+    ),
+)

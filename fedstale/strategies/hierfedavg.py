@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from fedstale.strategies.hierarchy import Hierarchy
+from fedstale.strategies.rule import Rule
 
 
 class HierFedAvg(Hierarchy):
@@ -27,3 +28,15 @@ class HierFedAvg(Hierarchy):
             edge.model, edge.base, edge.waiting = self.model.copy(), self.model.copy(), False
         self.cloud_updates += 1
         return True
+
+
+RULES = (
+    Rule(
+        HierFedAvg,
+        library="HierFedAvg",
+        about="""HierFedAvg (Liu et al. 2020): clients average at their edge, edges at the
+    cloud; every client trains at once. `edges` maps client -> edge (default: seeded equal
+    groups of `mafsa_edges`).""",
+        topology=True,
+    ),
+)

@@ -23,6 +23,7 @@ from fedstale.strategies.base import (
     mean_model,
     update_record,
 )
+from fedstale.strategies.rule import Rule
 
 
 class LocalOnly(Strategy):
@@ -45,3 +46,6 @@ class LocalOnly(Strategy):
         self.own[update.client] = update.vector
         self.model = mean_model(self.own)
         return Outcome(changed=True, records=[update_record(update, 1.0)])
+
+
+RULES = (Rule(LocalOnly),)

@@ -24,6 +24,7 @@ from fedstale.common.training import Optimiser, local_train
 from fedstale.strategies.base import Update
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.hierarchy import Hierarchy
+from fedstale.strategies.rule import Rule
 
 CLOUD_RULES = ("delta", "mix")
 
@@ -122,3 +123,18 @@ class MAFSA(Hierarchy):
         edge.model, edge.base = self.model.copy(), self.model.copy()
         self.cloud_updates += 1
         return True
+
+
+RULES = (
+    Rule(
+        MAFSA,
+        library="MAFSA",
+        about="""MAFSA (Algorithms 1-3): HierFedAvg's edges, the cloud moved at once by each
+    edge upload, and the stale models of clients back from dropping out (`dropout_rate`)
+    reused. Needs fedstale.mafsa_mod() in the ClientApp. Client sizes are unknown here:
+    rho_k, an edge's share of the data, is its share of the clients.""",
+        wire=tuple(v for k, v in vars(RuleKeys).items() if k.startswith("MAFSA_")),
+        topology=True,
+        mod="fedstale.client_app.mods:mafsa_mod",
+    ),
+)

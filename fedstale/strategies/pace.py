@@ -55,6 +55,7 @@ from fedstale.strategies.base import (
     update_record,
 )
 from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
 
 
@@ -290,3 +291,7 @@ class PFedGraphAsync(PACE):
     @classmethod
     def ablation_of(cls, params: PACEParams) -> str:
         return "naive"
+
+
+WIRE = (RuleKeys.PACE_LAMBDA,)
+RULES = (Rule(PACE, wire=WIRE), Rule(PFedGraphAsync, wire=WIRE))

@@ -1,32 +1,107 @@
-"""Strategy names -> classes (one line per rule: `RULES`), their client rules by name, and
-the full validation of a run config."""
+"""The rules by name, derived from their declarations (fedstale/strategies/rule.py), and
+the full validation of a run config.
+
+fedstale's own rules: one line each in `BUILT_IN`, the module whose `RULES` declares them.
+Another installed package adds rules under the entry point group `fedstale.rules` (an
+entry point names a `Rule`, a tuple of them, or a module with `RULES`); they are found
+in every process that imports the registry, so the ServerApp, the ClientApp and the
+library see the same rules."""
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping
+import logging
+from collections.abc import Iterable, Mapping
+from functools import cache
+from importlib import import_module
+from importlib.metadata import entry_points
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from fedstale.common.config import FIX_HINT, ConfigError, KebabModel, RunConfig, parse_model
 from fedstale.strategies.base import Strategy
-from fedstale.strategies.ca2fl import CA2FL
 from fedstale.strategies.client import ClientRule
-from fedstale.strategies.fedasync import FedAsync
-from fedstale.strategies.fedavg import FedAvg
-from fedstale.strategies.fedbuff import FedBuff
-from fedstale.strategies.fedfa import FedFa
-from fedstale.strategies.fedpsa import FedPSA
-from fedstale.strategies.fedqs import FedQSAvg, FedQSSGD, SaflFedAvg, SaflFedSGD
-from fedstale.strategies.hierfedavg import HierFedAvg
-from fedstale.strategies.local_only import LocalOnly
-from fedstale.strategies.mafsa import MAFSA
-from fedstale.strategies.pace import PACE, PFedGraphAsync
+from fedstale.strategies.rule import Rule
 
-RULES = (FedAvg, FedAsync, FedBuff, CA2FL, FedFa, FedPSA, PACE, PFedGraphAsync)
-RULES += (FedQSSGD, FedQSAvg, SaflFedSGD, SaflFedAvg, MAFSA, HierFedAvg, LocalOnly)
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in RULES}
+log = logging.getLogger("fedstale")
+ENTRY_POINTS = "fedstale.rules"
+BUILT_IN = (
+    "fedavg",
+    "fedasync",
+    "fedbuff",
+    "ca2fl",
+    "fedfa",
+    "fedpsa",
+    "pace",
+    "fedqs",
+    "mafsa",
+    "hierfedavg",
+    "local_only",
+)
+
+
+def declared(found: Rule | Iterable[Rule] | ModuleType, source: str) -> tuple[Rule, ...]:
+    """The rules an entry point or module declares, each checked."""
+    if isinstance(found, ModuleType):
+        found = getattr(found, "RULES", ())
+    rules = (found,) if isinstance(found, Rule) else tuple(found)
+    if not rules or not all(isinstance(rule, Rule) for rule in rules):
+        raise TypeError(f"{source}: declares no fedstale Rule (give a Rule, a tuple, or RULES)")
+    for rule in rules:
+        rule.check()
+    return rules
+
+
+def from_packages() -> list[Rule]:
+    """The rules other installed packages declare (entry point group `fedstale.rules`); one
+    that cannot be loaded is left out with one warning line, and the run goes on."""
+    rules = []
+    for point in entry_points(group=ENTRY_POINTS):
+        try:
+            rules += declared(point.load(), f"entry point {point.name} ({point.value})")
+        except Exception as err:  # a broken package must not take fedstale down with it
+            log.warning("rule package %s (%s) left out: %s", point.name, point.value, err)
+    return rules
+
+
+@cache
+def declarations() -> dict[str, Rule]:
+    """Every rule by name: fedstale's own, then the packages' (a name taken twice is
+    an error naming both)."""
+    modules = [import_module(f"fedstale.strategies.{name}") for name in BUILT_IN]
+    rules = [r for module in modules for r in declared(module, module.__name__)]
+    by_name: dict[str, Rule] = {}
+    for rule in [*rules, *from_packages()]:
+        if rule.name in by_name:
+            first = by_name[rule.name].strategy
+            raise TypeError(
+                f"two rules are named '{rule.name}': {first.__module__}.{first.__name__} "
+                f"and {rule.strategy.__module__}.{rule.strategy.__name__}"
+            )
+        by_name[rule.name] = rule
+    return by_name
+
+
+class Strategies(Mapping[str, type[Strategy]]):
+    """Strategy classes by rule name, read from the declarations on first use."""
+
+    def __getitem__(self, name: str) -> type[Strategy]:
+        return declarations()[name].strategy
+
+    def __iter__(self) -> Any:
+        return iter(declarations())
+
+    def __len__(self) -> int:
+        return len(declarations())
+
+
+STRATEGIES = Strategies()
+
+
+def rule_named(name: str) -> Rule:
+    return declarations()[name]
 
 
 def client_rules() -> dict[str, ClientRule]:
@@ -60,12 +135,26 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
         )
     # Every strategy's keys are checked, so a bad value never waits for the day it is used.
     all_params = {name: parse_model(c.Params, values) for name, c in STRATEGIES.items()}
-    cls, params = STRATEGIES[run.strategy], all_params[run.strategy]
+    rule, params = rule_named(run.strategy), all_params[run.strategy]
     try:
-        cls.check(run, params)
+        check_labels(rule, run)
+        rule.strategy.check(run, params)
     except ValueError as err:
         raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
     return run, params
+
+
+def check_labels(rule: Rule, run: RunConfig) -> None:
+    if rule.labels and run.loss != "cross-entropy":
+        raise ValueError(
+            f"strategy {rule.name} needs loss=cross-entropy on class labels ({rule.labels}); "
+            f"loss is '{run.loss}'"
+        )
+
+
+def with_topology() -> list[str]:
+    """The rules whose nodes may name an edge (`edge-id`), every client training at once."""
+    return [name for name, rule in declarations().items() if rule.topology]
 
 
 def build_strategy(run: RunConfig, params: KebabModel, initial: np.ndarray) -> Strategy:
