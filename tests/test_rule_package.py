@@ -1,0 +1,173 @@
+"""A rule from another installed package, declared through the entry point group
+`fedstale.rules`, runs in every door with no edit to fedstale and no monkeypatching:
+`fedstale run --local`, Flower simulation with fedstale's app, and `fedstale.<Rule>` as a
+library strategy over a plain Flower ClientApp (the quickstart's)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fedstale.launcher.deploy import CONNECTION
+from fedstale.launcher.launch import tool
+from fedstale.server_app.results import read_jsonl
+from fedstale.strategies.base import View
+from tests.flower_procs import SimulationSuperLink
+from tests.helpers import rule_package, run_config, update
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = ROOT / "examples" / "async-quickstart"
+# The package: one file, its declaration at the end, nothing of fedstale edited.
+MEDIAN_BUFFER = '''
+import numpy as np
+from pydantic import Field
+
+from fedstale.common.config import KebabModel
+from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.rule import Rule
+
+
+class MedianParams(KebabModel):
+    median_scale: float = Field(1.0, gt=0)
+
+
+class MedianBuffer(Strategy):
+    """K deltas buffered; w <- w + scale * their coordinate-wise median."""
+
+    name = "median-buffer"
+    Params = MedianParams
+    kept = ("buffer",)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
+
+    def on_update(self, update: Update, view: View) -> Outcome:
+        batch = self.buffer.add(update)
+        if batch is None:
+            return Outcome()
+        step = np.median(np.stack([u.vector for u in batch]), axis=0)
+        self.model = (self.model + self.params.median_scale * step).astype(np.float32)
+        return Outcome(True, [update_record(u, 1.0 / len(batch)) for u in batch])
+
+
+RULES = (Rule(MedianBuffer, library="MedianBuffer", about=MedianBuffer.__doc__ or ""),)
+'''
+RUN = "dataset=digits num-clients=6 concurrency=3 buffer-size=3 lr=0.1 max-versions=6"
+
+
+@pytest.fixture(scope="module")
+def package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The package on a folder of its own, its dist-info naming the entry point; this
+    process sees it too (the registry read afresh) for the unit checks."""
+    folder = tmp_path_factory.mktemp("site")
+    (folder / "median_buffer.py").write_text(MEDIAN_BUFFER)
+    with rule_package(folder, "median_buffer:RULES", "median-buffer"):
+        yield folder
+
+
+def with_package(folder: Path) -> dict[str, str]:
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    return {"PYTHONPATH": path}
+
+
+def test_the_package_rule_is_registered_checked_and_exported(package: Path) -> None:
+    import fedstale
+    from fedstale.strategies.registry import STRATEGIES, load_config
+
+    assert STRATEGIES["median-buffer"].__module__ == "median_buffer"
+    _, params = load_config({"strategy": "median-buffer", "median-scale": 0.5})
+    assert params.model_dump(by_alias=True) == {"median-scale": 0.5}
+    assert "MedianBuffer" in fedstale.__all__
+    assert fedstale.MedianBuffer.rule == "median-buffer"
+    rule = STRATEGIES["median-buffer"](run_config(buffer_size=3), params, np.zeros(2))
+    for vector in ([1.0, 0.0], [3.0, 10.0], [2.0, -4.0]):
+        outcome = rule.on_update(update(vector), View())
+    assert outcome.changed
+    np.testing.assert_allclose(rule.model, [1.0, 0.0])  # 0.5 * median ([2, 0])
+
+
+def test_a_broken_package_is_left_out_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fedstale.strategies.registry import STRATEGIES
+
+    with rule_package(tmp_path, "no_such_module:RULES", "broken"):
+        assert "fedbuff" in STRATEGIES
+    assert "rule package broken (no_such_module:RULES) left out" in caplog.text
+
+
+@pytest.mark.integration
+def test_fedstale_run_local_runs_the_package_rule(package: Path, tmp_path: Path) -> None:
+    command = [tool("fedstale"), "run", "--local", "--app", str(ROOT), "--run-config"]
+    command += [f"{RUN} strategy=median-buffer run-name=local runs-dir={tmp_path}"]
+    env = {**os.environ, **with_package(package)}
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_run(tmp_path / "local")
+
+
+def check_run(folder: Path) -> None:
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["strategy"] == "median-buffer"
+    assert (summary["versions"], summary["updates_rejected"]) == (6, 0)
+    assert all(
+        row["weight"] == pytest.approx(1 / 3) for row in read_jsonl(folder / "updates.jsonl")
+    )
+
+
+@pytest.fixture(scope="module")
+def link(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulationSuperLink]:
+    """A simulation SuperLink whose processes (ServerApp, ClientApps) see the package;
+    started in a folder of its own, where the library's example writes its runs/."""
+    work = tmp_path_factory.mktemp("work")
+    here = Path.cwd()
+    os.chdir(work)
+    try:
+        started = SimulationSuperLink(work / "home", **with_package(package)).start()
+    finally:
+        os.chdir(here)
+    yield started
+    started.stop()
+
+
+@pytest.mark.integration
+def test_flower_simulation_with_fedstale_app_runs_the_package_rule(
+    link: SimulationSuperLink, tmp_path: Path
+) -> None:
+    result, folder = link.run_app(ROOT, tmp_path, "sim", f"{RUN} strategy=median-buffer", 420)
+    assert result.returncode == 0, result.stderr[-3000:]
+    check_run(folder)
+
+
+@pytest.mark.integration
+def test_the_library_offers_the_package_rule_over_a_plain_clientapp(
+    link: SimulationSuperLink, tmp_path: Path
+) -> None:
+    """The quickstart's ServerApp with `from fedstale import MedianBuffer`."""
+    import shutil
+
+    app = tmp_path / QUICKSTART.name
+    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
+    server = next(app.glob("*/server_app.py"))
+    server.write_text(server.read_text().replace("FedBuff", "MedianBuffer"))
+    work = Path(link.link.home).parent
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    command = [tool("flwr"), "run", str(app), CONNECTION, "--stream"]
+    command += ["--run-config", "num-server-rounds=3"]
+    command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+    result = subprocess.run(
+        command, env=link.env, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    (run,) = set((work / "runs").iterdir()) - before
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["strategy"] == "median-buffer", (result.stdout + result.stderr)[-3000:]
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
