@@ -25,9 +25,10 @@ from fedstale.server_app.engine import Engine
 from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.transport import Reply, SendRefused
 from fedstale.strategies.base import (
-    EVAL_PER_CLIENT,
+    Assignment,
     NoParams,
     Outcome,
+    PerClientModels,
     Plan,
     Strategy,
     Update,
@@ -180,11 +181,10 @@ def test_a_strategy_cannot_supersede_a_task_that_is_not_in_flight() -> None:
 
 
 # ------------------------------------------------------------------ per-client evaluation
-class Personal(Strategy):
+class Personal(Strategy, PerClientModels):
     """Client c's model is the global model plus c in every coordinate."""
 
     name = "personal"
-    evaluates = EVAL_PER_CLIENT
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.model = self.model + update.vector
@@ -459,7 +459,11 @@ class TwoSets(Strategy):
     """Wants a fresh delta and a `stale` set; adds both (MAFSA's shape of reply)."""
 
     name = "two-sets"
-    reply_sets = ("stale",)
+
+    def assign(self, client: int, view: View) -> Assignment:
+        assignment = super().assign(client, view)
+        assignment.reply_sets = ("stale",)
+        return assignment
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -659,7 +663,7 @@ def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_messa
     from fedstale.server_app.scored import Evaluation
 
     run = run_config(num_clients=2, eval_interval=10.0, eval_target="per-client")
-    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    model = SimpleNamespace(model=np.zeros(LAYOUT.total, np.float32))
     transport = RecordingSends()
     reports = ClientReports(run, model, transport, LAYOUT)  # type: ignore[arg-type]
     for client in (0, 1):
@@ -684,7 +688,7 @@ def test_a_training_client_with_no_score_yet_is_scored_by_its_train_reply() -> N
     from fedstale.server_app.scored import Evaluation
 
     run = run_config(num_clients=3, eval_interval=10.0, eval_target="per-client")
-    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    model = SimpleNamespace(model=np.zeros(LAYOUT.total, np.float32))
     transport = RecordingSends()
     reports = ClientReports(run, model, transport, LAYOUT)  # type: ignore[arg-type]
     nodes = SimpleNamespace(clients=[0, 1, 2], node_of={0: 10, 1: 11, 2: 12})
@@ -716,7 +720,7 @@ def test_a_score_outside_0_1_stands_only_for_a_metric_other_than_accuracy(
     from fedstale.server_app.reports import ClientReports
 
     run = run_config(num_clients=2, eval_target="per-client", metric=metric)
-    model = SimpleNamespace(model_of=lambda client: np.zeros(LAYOUT.total, np.float32))
+    model = SimpleNamespace(model=np.zeros(LAYOUT.total, np.float32))
     reports = ClientReports(run, model, RecordingSends(), LAYOUT)  # type: ignore[arg-type]
     task = Task(0, 0, 10, "t0", 0, 0, 0.0, 5.0)
     with caplog.at_level(logging.WARNING, logger="fedstale"):

@@ -20,7 +20,7 @@ from fedstale.common.sensitivity import (
     sketch_for_task,
     vmap_sensitivity,
 )
-from fedstale.strategies.base import NoParams, Update, View
+from fedstale.strategies.base import NoParams, Update, View, step_scale
 from fedstale.strategies.ca2fl import CA2FL, CA2FLParams
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.fedfa import FedFa
@@ -227,4 +227,4 @@ def test_client_lr_server_step_scales_every_buffered_rule() -> None:
     np.testing.assert_allclose(fedpsa.model, [scale * 3], rtol=1e-6)
 
     spec = FedBuff(run_config(buffer_size=1), FedBuffParams(), np.zeros(1))
-    assert spec.step_scale(3) == 1.0
+    assert step_scale(spec.run, 3) == 1.0

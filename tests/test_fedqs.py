@@ -10,7 +10,7 @@ import pytest
 
 from fedstale.common.schema import InvalidReply, RuleKeys
 from fedstale.strategies import fedqs as q
-from fedstale.strategies.base import Update
+from fedstale.strategies.base import Update, load_state, state_of
 from tests.helpers import V0, run_config
 
 
@@ -214,7 +214,7 @@ def test_fedqs_avg_keeps_the_start_model_and_state_round_trips() -> None:
     strategy.on_update(reply(0, [2, 2, 2, 2], 10, 0.0), V0)
     np.testing.assert_array_equal(strategy.last_delta[0], [2, 2, 2, 2])  # w_i - start (0)
     copy = fedqs(q.FedQSAvg)
-    copy.load_state(strategy.state())
+    load_state(copy, state_of(strategy))
     assert len(copy.fifo) == 1 and copy.last_delta[0].tolist() == [2, 2, 2, 2]
 
 

@@ -11,7 +11,14 @@ import pytest
 
 from bench.reproduce_pace import METHODS, PARTITIONS, PROTOCOL
 from fedstale.server_app.results import read_jsonl
-from fedstale.strategies.base import EVAL_PER_CLIENT, NoParams, View
+from fedstale.strategies.base import (
+    EVAL_PER_CLIENT,
+    NoParams,
+    View,
+    evaluates,
+    load_state,
+    state_of,
+)
 from fedstale.strategies.local_only import LocalOnly
 from fedstale.strategies.registry import STRATEGIES, load_config
 from tests.helpers import run_config
@@ -55,10 +62,10 @@ def test_state_round_trips_and_the_rule_is_registered_per_client() -> None:
     local = three_clients()
     local.on_update(arrival(1, [0.0, 2.0], arrivals=0), View())
     copy = three_clients()
-    copy.load_state(local.state())
+    load_state(copy, state_of(local))
     assert starts(copy) == starts(local) == [[1.0, 0.0], [0.0, 2.0], [1.0, 0.0]]
     assert STRATEGIES["local-only"] is LocalOnly
-    assert LocalOnly.evaluates == EVAL_PER_CLIENT
+    assert evaluates(LocalOnly) == EVAL_PER_CLIENT
 
 
 def reproduction_values(method: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from fedstale.common.config import ConfigError
 from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
-from fedstale.strategies.base import InFlight, Update, View
+from fedstale.strategies.base import InFlight, Update, View, load_state, state_of
 from fedstale.strategies.pace import (
     PACE,
     PACEParams,
@@ -206,7 +206,7 @@ def test_state_round_trips() -> None:
     pace = three_clients()
     pace.on_update(arrival(0, [0.0, 1.0], arrivals=0), View())
     copy = three_clients()
-    copy.load_state(pace.state())
+    load_state(copy, state_of(pace))
     np.testing.assert_array_equal(copy.phi, pace.phi)
     np.testing.assert_array_equal(copy.graph, pace.graph)
     assert copy.last_arrival == 0

@@ -66,7 +66,7 @@ def test_fedasync_mixes_with_decayed_alpha() -> None:
     assert outcome.changed
     np.testing.assert_allclose(strategy.model, [1.6, 3.2], rtol=1e-6)
     assert outcome.records[0]["weight"] == pytest.approx(0.3)
-    assert strategy.proximal_mu(0) == pytest.approx(0.005)
+    assert strategy.assign(0, V0).settings["proximal_mu"] == pytest.approx(0.005)
 
 
 def test_fedbuff_flushes_every_k_with_staleness_weights() -> None:

@@ -21,6 +21,7 @@ from fedstale.common.config import ConfigError
 from fedstale.common.files import write_atomically
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.results import CHECKPOINT_FILE
+from fedstale.strategies.base import load_state, state_of
 
 log = logging.getLogger("fedstale")
 # 3: strategies keep Buffer objects and their `kept` attributes as they are (deques too).
@@ -51,7 +52,7 @@ def snapshot(engine: Engine, run_dir: Path, metric_rows: int, update_rows: int) 
         run_dir=str(run_dir),
         engine_state=engine.state(),
         clock_state=engine.clock.state(),
-        strategy_state=engine.strategy.state(),
+        strategy_state=state_of(engine.strategy),
         in_flight=sorted(t.client for t in engine.tasks.values()),
         metric_rows=metric_rows,
         update_rows=update_rows,
@@ -141,7 +142,7 @@ def restore(engine: Engine, checkpoint: Checkpoint) -> None:
             "resume-from: the checkpoint's model has a different size; resume with the same "
             "dataset and model"
         )
-    engine.strategy.load_state(checkpoint.strategy_state)
+    load_state(engine.strategy, checkpoint.strategy_state)
     engine.load_state(checkpoint.engine_state)
     engine.clock.load_state(checkpoint.clock_state)
     engine.counters.failed += len(checkpoint.in_flight)

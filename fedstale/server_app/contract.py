@@ -157,7 +157,7 @@ class FlowerContract:
         self.require_signals(strategy, reply)
         if reply.arrays is None:
             raise InvalidReply("reply carries no 'arrays' (the trained model)")
-        expected = sorted(strategy.expected_sets(task.sets))
+        expected = sorted(task.sets)
         if sorted(reply.sets) != expected:
             raise MissingSignal(self.missing(strategy, f"array sets {expected}"))
         trained = checked_model(reply.arrays, layout)

@@ -29,7 +29,15 @@ from fedstale.server_app.nodes import NodeBook, Nodes
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
-from fedstale.strategies.base import Assignment, InFlight, Outcome, Strategy, Update, View
+from fedstale.strategies.base import (
+    Assignment,
+    InFlight,
+    Outcome,
+    Strategy,
+    Topology,
+    Update,
+    View,
+)
 
 log = logging.getLogger("fedstale")
 
@@ -88,7 +96,7 @@ class Engine:
         self.last_refresh = -math.inf
         self.stop_reason = ""
         self.stall_since: float | None = None
-        self.edges_bound: dict[int, int] = {}  # the nodes' declared edges the strategy has
+        self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -234,7 +242,7 @@ class Engine:
                 dispatched_at=self.clock.now(),
                 finishes_at=self.clock.finish_time(latency),
                 deadline=time.monotonic() + timeout if timeout else math.inf,
-                sets=tuple(sorted(models)),
+                sets=tuple(sorted(assignment.reply_sets)),
             )
         )
         self.strategy.on_dispatch(client)
@@ -475,9 +483,10 @@ class Engine:
         for task in self.book.on_nodes(gone):
             self.retire(task, "node went offline")
         self.nodes.collect(self.transport)
-        if self.nodes.edge_of != self.edges_bound:
+        topology = self.strategy if isinstance(self.strategy, Topology) else None
+        if topology is not None and self.nodes.edge_of != self.edges_bound:
             self.edges_bound = dict(self.nodes.edge_of)
-            self.strategy.bind_edges(dict(self.edges_bound))
+            topology.bind_edges(dict(self.edges_bound))
 
     def wait_for_clients(self) -> None:
         """Block until every client has a node (virtual clock) or the wait runs out."""

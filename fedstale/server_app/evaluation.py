@@ -22,7 +22,7 @@ from fedstale.server_app.nodes import Nodes
 from fedstale.server_app.reports import ClientReports, Pending
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator, over_clients
 from fedstale.server_app.transport import Transport
-from fedstale.strategies.base import EVAL_PER_CLIENT, Strategy
+from fedstale.strategies.base import EVAL_PER_CLIENT, Strategy, evaluates, model_of
 
 
 class Scoreboard:
@@ -41,7 +41,7 @@ class Scoreboard:
         self.strategy = strategy
         self.evaluator = evaluator
         self.scorer = scorer
-        target = strategy.evaluates if run.eval_target == "auto" else run.eval_target
+        target = evaluates(strategy) if run.eval_target == "auto" else run.eval_target
         self.per_client = target == EVAL_PER_CLIENT
         where = run.eval_where
         if where == "auto":
@@ -89,7 +89,7 @@ class Scoreboard:
         elif self.reports is None:
             assert self.scorer is not None
             scores = [
-                self.scorer(c, self.strategy.model_of(c)) for c in range(self.run.num_clients)
+                self.scorer(c, model_of(self.strategy, c)) for c in range(self.run.num_clients)
             ]
             self.finish(over_clients(evaluation, scores))
         else:

@@ -50,7 +50,7 @@ from fedstale.server_app.results import (
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.summary import summarize
 from fedstale.server_app.transport import Transport
-from fedstale.strategies.base import Setup, Strategy
+from fedstale.strategies.base import Setup, Strategy, Topology
 from fedstale.strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
@@ -218,7 +218,7 @@ def build_engine(
 def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> LatencyProfile:
     """The run's latency profile, scaled by the factors the rule's topology implies."""
     latency = profile_for(run, sizes)
-    factors = strategy.latency_factors()
+    factors = strategy.latency_factors() if isinstance(strategy, Topology) else None
     if factors is not None:
         latency = replace(latency, base=latency.base * factors)
     return latency

@@ -31,7 +31,7 @@ def validated(
         raise InvalidReply(f"reply claims client {metrics.partition_id}")
     if reply.arrays is None:
         raise InvalidReply("reply carries no arrays")
-    expected = sorted(strategy.expected_sets(task.sets))
+    expected = sorted(task.sets)
     if sorted(reply.sets) != expected:
         raise InvalidReply(f"reply carries array sets {sorted(reply.sets)}, expected {expected}")
     for arrays in (reply.arrays, *reply.sets.values()):

@@ -39,7 +39,7 @@ from fedstale.server_app.nodes import Nodes
 from fedstale.server_app.once import OnceLog
 from fedstale.server_app.scored import Evaluation
 from fedstale.server_app.transport import Reply, SendRefused, Transport
-from fedstale.strategies.base import Strategy
+from fedstale.strategies.base import Strategy, model_of
 
 log = logging.getLogger("fedstale")
 
@@ -166,7 +166,7 @@ class ClientReports:
         for msg_id, asked in self.asked.items():
             if asked.client == client and asked.node == node:
                 return msg_id
-        arrays = self.layout.unflatten(self.strategy.model_of(client))
+        arrays = self.layout.unflatten(model_of(self.strategy, client))
         self.messages += 1
         config = {TaskKeys.TASK_ID: self.messages}
         try:

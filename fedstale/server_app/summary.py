@@ -10,6 +10,7 @@ from typing import Any
 from fedstale.common.config import metric_name, score_key
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.results import aulc
+from fedstale.strategies.base import Topology
 
 
 def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
@@ -18,7 +19,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     times = [e.virtual_time for e in evals]
     accuracies = [e.accuracy for e in evals]
     scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
-    counters = engine.counters
+    counters, strategy = engine.counters, engine.strategy
     key = score_key(engine.run.metric)
     return {
         "strategy": engine.run.strategy,
@@ -49,5 +50,5 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
-        **engine.strategy.summary(),
+        **(strategy.summary() if isinstance(strategy, Topology) else {}),
     }

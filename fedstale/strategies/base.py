@@ -1,32 +1,32 @@
-"""The contract between the engine and an aggregation rule (second edition).
+"""The contract between the engine and an aggregation rule (third edition).
 
 A strategy is plain math over flat float32 parameter vectors. It knows nothing of time,
 nodes or Flower; at each decision the engine shows it a `View` (the global version, the idle
 clients, the tasks in flight and their staleness, how many tasks may start now).
 
-- Binding: before the run the engine calls `bind(setup)` once; a rule takes from the
-  `Setup` what it needs (the parameter layout, the clients' data sizes, a real calibration
-  batch, a sketcher of the global model, a gradient aligner). Nothing else is handed over.
-- Client half: `client_rules` are the rule's `ClientRule`s (fedstale/strategies/client.py); every
-  task names them, and a client that lacks one refuses the task.
-- Dispatch: `plan(view, rng)` returns a `Plan`: the `Assignment`s to make now (the client,
-  the model or models it starts from, its task entries and optimiser settings) and what
-  changed while planning (a round that closed at once). The default plan is uniform among
-  idle clients, up to the capacity; a synchronous rule plans per round (FedAvg), per edge,
-  or every client at once.
-- Replies: `on_update(update, view)` consumes one validated update and returns an
-  `Outcome`: whether the global model changed, one record per update whose weight became
-  known, and optionally tasks in flight to supersede with the replacements to dispatch.
-- Evaluation: `evaluates` says whether the global model or one model per client
-  (`model_of`) is scored; per client, each on that client's own split.
-- Replies may carry named array sets beyond the main one (`reply_sets`, or per task
-  `expected_sets`), each checked against the model's layout.
-- A lost task is reported by `on_task_lost`, which may close a round (an `Outcome`). Its
-  reply may still come (a timed-out task, a node that went away after uploading): the
-  engine then offers it as a late update, which the rule takes unless `refuses_late` says
-  why not (a closed synchronous round, a client whose state was reset).
-- Checkpoints: `kept` names the attributes the rule must keep across a restart (beside
-  the model); `state()` / `load_state()` save and restore them.
+The core, for every rule (docs/architecture.md sets it beside Flower's `Strategy`):
+- `Strategy[P]`: `P` is the rule's run-config keys (`Params`), typed once.
+- `check(run, params)`: refuse a combination of settings before the run.
+- `bind(setup)`: take from the `Setup` what the rule needs (the parameter layout, the
+  clients' data sizes, what the server can compute on the model), once and on resume.
+- `plan(view, rng)` -> `Plan`: the `Assignment`s to make now, each complete (the models
+  the client starts from, the rule's task entries, optimiser settings, the named array
+  sets the reply must carry), and what changed while planning (a round that closed at
+  once). Default: uniform among idle clients, up to the capacity, each `assign`ed.
+- `on_dispatch(client)`: a task was sent.
+- `signals()` / `validate(update)`: what every reply must carry for the rule, and checks on
+  it; `on_update(update, view)` -> `Outcome`: consume one validated update (the model
+  changed, one record per update whose weight became known, tasks to supersede).
+- `on_task_lost(client)`, `refuses_late(task)`: a task written off (which may close a
+  round), and whether its reply, should it still come, is taken late.
+- Declared data: `returns` (delta or model), `client_rules` (the client half: what each
+  task asks of the client; fedstale/strategies/client.py), `kept` (the attributes a
+  checkpoint keeps beside the model).
+
+Capabilities, for the rules that have them (mixins the engine tests for):
+- `PerClientModels`: one model per client (`model_of`), scored on each client's split.
+- `Topology`: edges; nodes may declare theirs (`bind_edges`), edges may be slower
+  (`latency_factors`), and the topology adds entries to summary.json (`summary`).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 import numpy as np
 
@@ -96,12 +96,14 @@ class View:
 class Assignment:
     """A task to dispatch. `models`: named flat vectors the client starts from (the main
     set under `ARRAYS`); `entries`: the rule's task-config entries; `settings`: TaskSpec
-    fields to override (lr, momentum, proximal_mu, ...)."""
+    fields to override (lr, momentum, proximal_mu, ...); `reply_sets`: the named array sets
+    the reply must carry beyond the main one (each checked against the model's layout)."""
 
     client: int
     models: dict[str, np.ndarray]
     entries: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    reply_sets: tuple[str, ...] = ()
 
 
 @dataclass
@@ -177,30 +179,43 @@ def mean_model(models: np.ndarray) -> np.ndarray:
     return models.mean(axis=0, dtype=np.float64).astype(np.float32)
 
 
-class Strategy(ABC):
+P = TypeVar("P", bound=KebabModel)
+
+
+def step_scale(run: RunConfig, version: int) -> float:
+    """Factor on a buffered rule's server step. `spec`: 1 (the papers' equations).
+    `client-lr`: the current client learning rate lr0 * decay^version, as FLGo (the FedPSA
+    paper's harness) applies a buffer: `w -= lr * mean(w_start - w_i)`."""
+    if run.server_step == "spec":
+        return 1.0
+    return run.lr * run.lr_decay**version
+
+
+class Strategy(ABC, Generic[P]):
+    """A rule's server half. `class FedBuff(Strategy[FedBuffParams])` types `params` and
+    sets `Params` (the rule's run-config keys) in one place."""
+
     name: ClassVar[str]
-    returns: ClassVar[str] = RETURN_DELTA
     Params: ClassVar[type[KebabModel]] = NoParams
-    evaluates: ClassVar[str] = EVAL_GLOBAL
-    reply_sets: ClassVar[tuple[str, ...]] = ()  # named array sets beyond the main one
+    returns: ClassVar[str] = RETURN_DELTA
     client_rules: ClassVar[tuple[ClientRule, ...]] = ()  # what each task asks of the client
     kept: ClassVar[tuple[str, ...]] = ()  # attributes a checkpoint keeps beside the model
 
-    def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        for base in getattr(cls, "__orig_bases__", ()):
+            origin, args = get_origin(base), get_args(base)
+            typed = isinstance(origin, type) and issubclass(origin, Strategy)
+            if typed and args and isinstance(args[0], type):
+                cls.Params = args[0]
+
+    def __init__(self, run: RunConfig, params: P, initial: np.ndarray) -> None:
         self.run = run
         self.params = params
         self.model = np.array(initial, dtype=np.float32, copy=True)
 
-    def step_scale(self, version: int) -> float:
-        """Factor on a buffered rule's server step. `spec`: 1 (the papers' equations).
-        `client-lr`: the current client learning rate lr0 * decay^version, as FLGo (the
-        FedPSA paper's harness) applies a buffer: `w -= lr * mean(w_start - w_i)`."""
-        if self.run.server_step == "spec":
-            return 1.0
-        return self.run.lr * self.run.lr_decay**version
-
     @classmethod
-    def check(cls, run: RunConfig, params: KebabModel) -> None:
+    def check(cls, run: RunConfig, params: P) -> None:
         """Raise ValueError on a combination of settings this rule cannot run with."""
 
     def bind(self, setup: Setup) -> None:
@@ -212,41 +227,17 @@ class Strategy(ABC):
         return Plan([self.assign(c, view) for c in pick_uniform(view.idle, view.capacity, rng)])
 
     def assign(self, client: int, view: View) -> Assignment:
-        return Assignment(
-            client,
-            {ARRAYS: self.model_for(client)},
-            self.task_extra(client),
-            {"proximal_mu": self.proximal_mu(client)},
-        )
-
-    def model_for(self, client: int) -> np.ndarray:
-        """The parameters a task for `client` starts from."""
-        return self.model
-
-    def proximal_mu(self, client: int) -> float:
-        return self.run.proximal_mu
-
-    def task_extra(self, client: int) -> dict[str, Any]:
-        """Strategy-specific entries of the task's ConfigRecord."""
-        return {}
+        """The complete task for `client`: the models it starts from, the rule's entries,
+        the optimiser settings, the named sets its reply must carry."""
+        return Assignment(client, {ARRAYS: self.model}, {}, {"proximal_mu": self.run.proximal_mu})
 
     def on_dispatch(self, client: int) -> None:
         """A task for `client` was sent."""
-
-    def on_task_lost(self, client: int) -> Outcome | None:
-        """A task for `client` ended without a usable update (error, dead node, rejected).
-        A rule whose round closes on it returns that round's Outcome."""
-        return None
 
     # ------------------------------------------------------------ replies
     def signals(self) -> dict[str, SignalSpec]:
         """Metrics every train reply must carry for this rule, beyond the common ones."""
         return {}
-
-    def expected_sets(self, sent: tuple[str, ...]) -> tuple[str, ...]:
-        """The named sets a reply must carry, given those its task carried beyond the main
-        one: `reply_sets` for most rules; a rule whose reply mirrors its task overrides."""
-        return self.reply_sets
 
     def validate(self, update: Update) -> None:
         """Raise fedstale.common.schema.InvalidReply when an update's signals do not hold up."""
@@ -255,39 +246,64 @@ class Strategy(ABC):
     def on_update(self, update: Update, view: View) -> Outcome:
         """Consume one update."""
 
+    def on_task_lost(self, client: int) -> Outcome | None:
+        """A task for `client` ended without a usable update (error, dead node, rejected).
+        A rule whose round closes on it returns that round's Outcome."""
+        return None
+
     def refuses_late(self, task: InFlight) -> str:
         """Why the rule cannot take the late reply of `task` (written off, `on_task_lost`
         told), or "" to take it through `validate` and `on_update` like any other."""
         return ""
 
-    # ------------------------------------------------------------ topology
-    def latency_factors(self) -> np.ndarray | None:
-        """Per-client factors on the simulated latency that the rule's topology implies
-        (MAFSA's slower edges); None: none."""
-        return None
 
-    def bind_edges(self, declared: dict[int, int]) -> None:
-        """Edges that nodes declared (client -> `edge-id` node config), for a hierarchical
-        rule; others ignore them."""
+class PerClientModels(ABC):
+    """Capability: the rule keeps one model per client, each scored on that client's own
+    split (per-client evaluation)."""
 
-    def summary(self) -> dict[str, Any]:
-        """Entries the rule adds to summary.json."""
-        return {}
-
-    # ------------------------------------------------------------ evaluation
+    @abstractmethod
     def model_of(self, client: int) -> np.ndarray:
-        """The model scored on `client`'s own split under per-client evaluation."""
-        return self.model
+        """The model scored on `client`'s own split."""
 
-    # ------------------------------------------------------------ checkpoints
-    def state(self) -> dict[str, Any]:
-        """Everything the rule needs to go on after a restart (picklable): the model and
-        the attributes `kept` names. What `bind` gave is bound again on resume."""
-        return {"model": self.model, **{name: getattr(self, name) for name in self.kept}}
 
-    def load_state(self, state: dict[str, Any]) -> None:
-        for name in ("model", *self.kept):
-            setattr(self, name, state[name])
+class Topology(ABC):
+    """Capability: edges between the clients and the cloud. Nodes may name their edge;
+    every client trains at once; the topology may slow whole edges."""
+
+    @abstractmethod
+    def bind_edges(self, declared: dict[int, int]) -> None:
+        """Edges that nodes declared (client -> `edge-id` node config)."""
+
+    @abstractmethod
+    def latency_factors(self) -> np.ndarray | None:
+        """Per-client factors on the simulated latency (slower edges); None: none."""
+
+    @abstractmethod
+    def summary(self) -> dict[str, Any]:
+        """Entries the topology adds to summary.json."""
+
+
+def model_of(strategy: Strategy[Any], client: int) -> np.ndarray:
+    """The model scored on `client`'s split: its own under a per-client rule, else the
+    global model."""
+    return strategy.model_of(client) if isinstance(strategy, PerClientModels) else strategy.model
+
+
+def evaluates(strategy: Strategy[Any] | type[Strategy[Any]]) -> str:
+    """What the rule's evaluation scores by default: one model per client, or the global one."""
+    cls = strategy if isinstance(strategy, type) else type(strategy)
+    return EVAL_PER_CLIENT if issubclass(cls, PerClientModels) else EVAL_GLOBAL
+
+
+def state_of(strategy: Strategy[Any]) -> dict[str, Any]:
+    """Everything a rule needs to go on after a restart (picklable): the model and the
+    attributes its `kept` names. What `bind` gave is bound again on resume."""
+    return {"model": strategy.model, **{name: getattr(strategy, name) for name in strategy.kept}}
+
+
+def load_state(strategy: Strategy[Any], state: dict[str, Any]) -> None:
+    for name in ("model", *strategy.kept):
+        setattr(strategy, name, state[name])
 
 
 def pick_uniform(

@@ -14,7 +14,7 @@ import numpy as np
 from pydantic import Field
 
 from fedstale.common.config import KebabModel
-from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.base import Outcome, Strategy, Update, View, step_scale, update_record
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.rule import Rule
 
@@ -23,10 +23,8 @@ class CA2FLParams(KebabModel):
     ca2fl_server_lr: float = Field(1.0, gt=0)
 
 
-class CA2FL(Strategy):
+class CA2FL(Strategy[CA2FLParams]):
     name = "ca2fl"
-    Params = CA2FLParams
-    params: CA2FLParams
     kept = ("cache", "cache_mean", "accumulator", "arrived")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -43,7 +41,7 @@ class CA2FL(Strategy):
         batch = self.arrived.add(update)
         if batch is None:
             return Outcome()
-        eta = self.params.ca2fl_server_lr * self.step_scale(view.version)
+        eta = self.params.ca2fl_server_lr * step_scale(self.run, view.version)
         step = self.cache_mean + self.accumulator / self.run.buffer_size
         self.model = (self.model + eta * step).astype(np.float32)
         self.cache_mean = self.cache.astype(np.float64).mean(axis=0)

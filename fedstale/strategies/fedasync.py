@@ -18,7 +18,15 @@ from pydantic import Field
 
 from fedstale.common.config import KebabModel
 from fedstale.common.schema import RETURN_MODEL
-from fedstale.strategies.base import InFlight, Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.base import (
+    Assignment,
+    InFlight,
+    Outcome,
+    Strategy,
+    Update,
+    View,
+    update_record,
+)
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Kind, Staleness
 
@@ -42,11 +50,14 @@ def staleness_function(params: FedAsyncParams) -> Staleness:
     return Staleness(kind, a)
 
 
-class FedAsync(Strategy):
+class FedAsync(Strategy[FedAsyncParams]):
     name = "fedasync"
     returns = RETURN_MODEL
-    Params = FedAsyncParams
-    params: FedAsyncParams
+
+    def assign(self, client: int, view: View) -> Assignment:
+        assignment = super().assign(client, view)
+        assignment.settings["proximal_mu"] = self.proximal_mu(client)
+        return assignment
 
     def proximal_mu(self, client: int) -> float:
         return self.params.fedasync_mu

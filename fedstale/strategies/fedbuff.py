@@ -12,7 +12,7 @@ import numpy as np
 from pydantic import Field
 
 from fedstale.common.config import KebabModel
-from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.base import Outcome, Strategy, Update, View, step_scale, update_record
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
@@ -24,10 +24,8 @@ class FedBuffParams(KebabModel):
     fedbuff_server_lr: float = Field(1.0, gt=0)
 
 
-class FedBuff(Strategy):
+class FedBuff(Strategy[FedBuffParams]):
     name = "fedbuff"
-    Params = FedBuffParams
-    params: FedBuffParams
     kept = ("buffer",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -36,7 +34,7 @@ class FedBuff(Strategy):
 
     def weight(self, staleness: int, version: int) -> float:
         size = self.run.buffer_size
-        eta = self.params.fedbuff_server_lr * self.step_scale(version)
+        eta = self.params.fedbuff_server_lr * step_scale(self.run, version)
         return eta / size * DISCOUNT(staleness)
 
     def on_update(self, update: Update, view: View) -> Outcome:

@@ -34,12 +34,14 @@ from fedstale.common.schema import InvalidReply, SignalKeys, SignalSpec
 from fedstale.common.sensitivity import sketch_for_task
 from fedstale.strategies.base import (
     Aligner,
+    Assignment,
     Outcome,
     Setup,
     Sketcher,
     Strategy,
     Update,
     View,
+    step_scale,
     update_record,
 )
 from fedstale.strategies.buffer import Buffer
@@ -114,10 +116,8 @@ def sketch_signals(
 # ---------------------------------------------------------------- the server half
 
 
-class FedPSA(Strategy):
+class FedPSA(Strategy[FedPSAParams]):
     name = "fedpsa"
-    Params = FedPSAParams
-    params: FedPSAParams
     client_rules = (SensitivitySketch(),)
     kept = ("buffer", "queue", "m0", "calib_holders", "history")
 
@@ -133,8 +133,7 @@ class FedPSA(Strategy):
         self.history = {0: self.model.copy()} if self.params.fedpsa_diagnostic else {}
 
     @classmethod
-    def check(cls, run: RunConfig, params: KebabModel) -> None:
-        assert isinstance(params, FedPSAParams)
+    def check(cls, run: RunConfig, params: FedPSAParams) -> None:
         if params.fedpsa_gamma == 0 and params.fedpsa_delta == 0:
             raise ValueError("fedpsa-gamma and fedpsa-delta are both 0: the temperature is 0")
         if params.fedpsa_calib_labels == "self":
@@ -190,7 +189,14 @@ class FedPSA(Strategy):
     def bind_aligner(self, align: Aligner) -> None:
         self.align = align
 
+    def assign(self, client: int, view: View) -> Assignment:
+        assignment = super().assign(client, view)
+        assignment.entries.update(self.task_extra(client))
+        return assignment
+
     def task_extra(self, client: int) -> dict[str, Any]:
+        """The task entries that ask the client for its sketch (the real calibration
+        batch's bytes on a client's first task)."""
         extra: dict[str, Any] = {
             SignalKeys.SKETCH_K: self.params.fedpsa_sketch_dim,
             SignalKeys.SKETCH_SEED: self.run.seed,
@@ -260,7 +266,7 @@ class FedPSA(Strategy):
         global_sketch = self.sketch_global(self.model)
         kappas = np.array([cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in batch])
         weights, temp = self.weights(kappas)
-        weights = weights * self.step_scale(view.version)
+        weights = weights * step_scale(self.run, view.version)
         step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
         alignments = self.alignments(batch)
         self.model = (self.model + step).astype(np.float32)

@@ -12,7 +12,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -180,12 +180,14 @@ class Queued(Sent):
     update: Update
 
 
-class KFifo(Strategy):
+FifoParams = TypeVar("FifoParams", bound=KFifoParams)
+
+
+class KFifo(Strategy[FifoParams]):
     """Semi-asynchronous: every arrival enters a FIFO; whenever it holds K (`buffer-size`)
     the first K are aggregated. Subclasses say how (`combine`) and may adapt each task."""
 
-    Params: ClassVar[type[KebabModel]] = KFifoParams
-    params: KFifoParams
+    Params = KFifoParams
     kept: tuple[str, ...] = ("fifo", "newest")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -235,7 +237,7 @@ class KFifo(Strategy):
             self.model = (self.model + weights @ stacked).astype(np.float32)
 
 
-class SaflFedSGD(KFifo):
+class SaflFedSGD(KFifo[KFifoParams]):
     """SAFL FedSGD: w += (1/K) sum delta_i over the first K of the FIFO."""
 
     name = "safl-fedsgd"
@@ -318,13 +320,11 @@ class ClassSpread(ClientRule):
 # ---------------------------------------------------------------- the server half
 
 
-class FedQSSGD(KFifo):
+class FedQSSGD(KFifo[FedQSParams]):
     """FedQS-SGD: clients classified at dispatch adapt lr and momentum; flagged updates get
     the feedback weight; w += sum p_i delta_i."""
 
     name = "fedqs-sgd"
-    Params = FedQSParams
-    params: FedQSParams
     client_rules = (ClassSpread(),)
     kept = (*KFifo.kept, "count", "speed", "theta", "lr", "momentum", "examples")
     kept += ("speed_ths", "theta_ths", "previous_model", "last_delta", "started_from", "pending")
@@ -347,8 +347,7 @@ class FedQSSGD(KFifo):
         self.segments: list[tuple[int, int]] = [(0, self.model.size)]
 
     @classmethod
-    def check(cls, run: RunConfig, params: KebabModel) -> None:
-        assert isinstance(params, FedQSParams)
+    def check(cls, run: RunConfig, params: FedQSParams) -> None:
         if params.fedqs_lr_min > params.fedqs_lr_max:
             raise ValueError("fedqs-lr-min is above fedqs-lr-max")
 

@@ -29,6 +29,7 @@ from fedstale.strategies.base import (
     Plan,
     Setup,
     Strategy,
+    Topology,
     Update,
     View,
     update_record,
@@ -126,12 +127,10 @@ class Edge:
     rounds_done: int = 0
 
 
-class Hierarchy(Strategy):
+class Hierarchy(Strategy[HierarchyParams], Topology):
     """Edges with synchronous rounds over a cloud model; the cloud step is the subclass's."""
 
     returns = RETURN_MODEL
-    Params = HierarchyParams
-    params: HierarchyParams
     reuses_stale: ClassVar[bool] = False
     kept: tuple[str, ...] = ("edges", "in_task", "dropped_at", "epochs", "cloud_updates")
     EMPTY_ROUNDS_PER_PLAN = 100  # bounds the draws when every reachable client is offline
@@ -147,8 +146,7 @@ class Hierarchy(Strategy):
         self.cloud_updates = 0
 
     @classmethod
-    def check(cls, run: RunConfig, params: KebabModel) -> None:
-        assert isinstance(params, HierarchyParams)
+    def check(cls, run: RunConfig, params: HierarchyParams) -> None:
         if run.concurrency != run.num_clients:
             raise ValueError(
                 f"{run.strategy} lets every online client of every edge train at once; "
@@ -268,13 +266,12 @@ class Hierarchy(Strategy):
                 RuleKeys.MAFSA_LR_STEP: run.lr_decay**per_task,
             }
         lr = run.lr * run.lr_decay ** (done + offline * per_task)
-        return Assignment(client, models, entries, {"lr": lr})
+        # a returning client sends its stale model back trained beside the edge model's
+        returned = (STALE,) if offline else ()
+        return Assignment(client, models, entries, {"lr": lr}, returned)
 
     def last_local(self, client: int) -> np.ndarray:
         return self.model
-
-    def expected_sets(self, sent: tuple[str, ...]) -> tuple[str, ...]:
-        return sent  # a returning client sends its stale model back trained
 
     # ------------------------------------------------------------ replies
     def on_update(self, update: Update, view: View) -> Outcome:

@@ -37,6 +37,5 @@ RULES = (
         about="""HierFedAvg (Liu et al. 2020): clients average at their edge, edges at the
     cloud; every client trains at once. `edges` maps client -> edge (default: seeded equal
     groups of `mafsa_edges`).""",
-        topology=True,
     ),
 )

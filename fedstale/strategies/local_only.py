@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.schema import RETURN_MODEL
+from fedstale.common.config import RunConfig
+from fedstale.common.schema import ARRAYS, RETURN_MODEL
 from fedstale.strategies.base import (
-    EVAL_PER_CLIENT,
+    Assignment,
+    NoParams,
     Outcome,
+    PerClientModels,
     Strategy,
     Update,
     View,
@@ -26,18 +28,19 @@ from fedstale.strategies.base import (
 from fedstale.strategies.rule import Rule
 
 
-class LocalOnly(Strategy):
+class LocalOnly(Strategy[NoParams], PerClientModels):
     name = "local-only"
     returns = RETURN_MODEL
-    evaluates = EVAL_PER_CLIENT
     kept = ("own",)
 
-    def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
+    def __init__(self, run: RunConfig, params: NoParams, initial: np.ndarray) -> None:
         super().__init__(run, params, initial)
         self.own = np.tile(self.model, (run.num_clients, 1))
 
-    def model_for(self, client: int) -> np.ndarray:
-        return self.own[client]
+    def assign(self, client: int, view: View) -> Assignment:
+        assignment = super().assign(client, view)
+        assignment.models[ARRAYS] = self.own[client]
+        return assignment
 
     def model_of(self, client: int) -> np.ndarray:
         return self.own[client]

@@ -134,7 +134,6 @@ RULES = (
     reused. Needs fedstale.mafsa_mod() in the ClientApp. Client sizes are unknown here:
     rho_k, an edge's share of the data, is its share of the clients.""",
         wire=tuple(v for k, v in vars(RuleKeys).items() if k.startswith("MAFSA_")),
-        topology=True,
         mod="fedstale.client_app.mods:mafsa_mod",
     ),
 )

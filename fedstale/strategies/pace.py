@@ -42,9 +42,9 @@ from pydantic import Field
 from fedstale.common.config import KebabModel, RunConfig
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, RuleKeys
 from fedstale.strategies.base import (
-    EVAL_PER_CLIENT,
     Assignment,
     Outcome,
+    PerClientModels,
     Plan,
     Setup,
     Strategy,
@@ -133,12 +133,9 @@ class CosineToStart(ClientRule):
 # ---------------------------------------------------------------- the server half
 
 
-class PACE(Strategy):
+class PACE(Strategy[PACEParams], PerClientModels):
     name = "pace"
     returns = RETURN_MODEL
-    evaluates = EVAL_PER_CLIENT
-    Params = PACEParams
-    params: PACEParams
     client_rules = (CosineToStart(),)
     kept = ("phi", "share", "graph", "sequence_weight", "sequence_length", "last_arrival")
 
@@ -154,8 +151,7 @@ class PACE(Strategy):
         self.decay = Staleness("poly", self.params.pace_a)
 
     @classmethod
-    def check(cls, run: RunConfig, params: KebabModel) -> None:
-        assert isinstance(params, PACEParams)
+    def check(cls, run: RunConfig, params: PACEParams) -> None:
         if params.pfedgraph_style == "authors" and cls.ablation_of(params) != "naive":
             raise ValueError(
                 "pfedgraph-style=authors is a form of the naive baseline: use "

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedstale.strategies.base import EVAL_PER_CLIENT, Strategy
+from fedstale.strategies.base import PerClientModels, Strategy, Topology
 from fedstale.strategies.client import ClientRule
 
 
@@ -34,8 +34,6 @@ class Rule:
     `about`: that class's docstring (the paper, the rule in one line, what it needs).
     `wire`: the task-config entries and reply metrics it adds to the wire format.
     `labels`: why it needs cross-entropy on class labels ("": it does not).
-    `topology`: edges between the clients and the cloud: nodes may name their edge, and
-    every client trains at once (the library's concurrency is the number of clients).
     `mod`: its client half's Flower mod, as `module:function`, if it has one; `fedstale`
     exports it under the function's name."""
 
@@ -44,7 +42,6 @@ class Rule:
     about: str = ""
     wire: tuple[str, ...] = ()
     labels: str = ""
-    topology: bool = False
     mod: str = ""
 
     @property
@@ -58,7 +55,13 @@ class Rule:
     @property
     def per_client_models(self) -> bool:
         """Whether it keeps one model per client (each scored on its client's own split)."""
-        return self.strategy.evaluates == EVAL_PER_CLIENT
+        return issubclass(self.strategy, PerClientModels)
+
+    @property
+    def topology(self) -> bool:
+        """Edges between the clients and the cloud: nodes may name their edge, and every
+        client trains at once (the library's concurrency is the number of clients)."""
+        return issubclass(self.strategy, Topology)
 
     def check(self) -> None:
         """Raise TypeError where the declaration cannot hold (a package's rule is checked
