@@ -26,9 +26,9 @@ import torch
 
 from fedstale.common.calibration import gaussian_batch
 from fedstale.common.config import parse_run_config
-from fedstale.common.federation import client_data
 from fedstale.common.models import MLP, build_model
 from fedstale.common.sensitivity import sensitivity, sketch
+from fedstale.common.shares import client_data
 from fedstale.common.training import local_train
 
 K, CALIB = 16, 32

@@ -11,17 +11,18 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from bench.grid import Job, Runner, finished, run_all
 from fedstale.launcher.analysis import first_reach
 
 Result = dict[str, Any]
 Options = argparse.Namespace
+Cell = TypeVar("Cell")
 
 
 @dataclass(frozen=True)
@@ -115,6 +116,69 @@ def run_suite(paper: Paper, suite: Suite, name: str, options: Options, out: Path
     if paper.tally is not None:
         print(paper.tally(results), flush=True)
     return results
+
+
+# ---------------------------------------------------------------- seeds, flags, tables
+def seed_flags(parser: argparse.ArgumentParser, seeded: str, default: int = 3) -> None:
+    """--seeds (of the paper's own methods, `seeded`) and --seeds-all (of the rest)."""
+    parser.add_argument("--seeds", type=int, default=default, help=f"seeds of {seeded}")
+    parser.add_argument("--seeds-all", type=int, default=1, help="seeds of every other method")
+
+
+def seed_first(
+    seeds: int,
+    seeds_all: int,
+    seeded: Collection[str],
+    cells: Iterable[Cell],
+    method: Callable[[Cell], str],
+) -> Iterator[tuple[int, Cell]]:
+    """(seed, cell) of the grid, seed 0 of every cell first, so that an interrupted grid has
+    a whole table soonest: a cell whose method is in `seeded` runs `seeds` seeds (--seeds),
+    any other `seeds_all` (--seeds-all)."""
+    cells = list(cells)
+    for seed in range(max(seeds, seeds_all)):
+        for cell in cells:
+            if seed < (seeds if method(cell) in seeded else seeds_all):
+                yield seed, cell
+
+
+def subset_flag(parser: argparse.ArgumentParser, flag: str, known: Collection[str]) -> None:
+    """--<flag>: a comma-separated subset of `known` (default: all of them)."""
+    parser.add_argument(
+        f"--{flag}", default=",".join(known), help=f"a comma-separated subset of {','.join(known)}"
+    )
+
+
+def check_subsets(
+    options: Options, parser: argparse.ArgumentParser, known: dict[str, Collection[str]]
+) -> None:
+    """Refuse a subset flag naming what its paper does not have (one line, exit 2)."""
+    for flag, names in known.items():
+        chosen = [name for name in getattr(options, flag).split(",") if name]
+        if unknown := set(chosen) - set(names):
+            parser.error(f"unknown {flag} {sorted(unknown)}; choose from {','.join(names)}")
+
+
+def subset(options: Options, flag: str) -> list[str]:
+    return [name for name in getattr(options, flag).split(",") if name]
+
+
+def table_row(cells: Iterable[Any]) -> str:
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def pivot(
+    rows: Iterable[Any],
+    columns: Iterable[Any],
+    cells: Callable[[Any, Any], list[str]],
+    label: Callable[[Any], str] = str,
+) -> list[str]:
+    """A markdown table's body: a line per row key, its label, then each column's cells."""
+    columns = list(columns)
+    return [
+        table_row([label(row), *(cell for column in columns for cell in cells(row, column))])
+        for row in rows
+    ]
 
 
 # ---------------------------------------------------------------- the shared pieces

@@ -48,7 +48,18 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, Runner, finals, matching, run_in_process, table_head
-from bench.reproduce import Options, Paper, Suite, figure, mean_curve
+from bench.reproduce import (
+    Options,
+    Paper,
+    Suite,
+    check_subsets,
+    figure,
+    mean_curve,
+    pivot,
+    seed_first,
+    seed_flags,
+    subset_flag,
+)
 from fedstale.launcher.analysis import mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -180,13 +191,11 @@ def expected_length(values: dict[str, Any]) -> float:
 
 def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
     jobs = []
-    for seed in range(max(seeds, seeds_all)):
-        for alpha in ALPHAS:
-            for method, config in METHODS.items():
-                if seed < (seeds if method in SEEDED else seeds_all):
-                    labels = {"suite": "main", "alpha": alpha, "method": method, "seed": seed}
-                    settings = {**config, "dirichlet-alpha": alpha, "seed": seed}
-                    jobs.append(Job(f"a{alpha}-{method}-s{seed}", labels, settings))
+    cells = [(alpha, method) for alpha in ALPHAS for method in METHODS]
+    for seed, (alpha, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+        labels = {"suite": "main", "alpha": alpha, "method": method, "seed": seed}
+        settings = {**METHODS[method], "dirichlet-alpha": alpha, "seed": seed}
+        jobs.append(Job(f"a{alpha}-{method}-s{seed}", labels, settings))
     return jobs
 
 
@@ -298,17 +307,17 @@ def main_table(results: list[dict[str, Any]], aggregations: int) -> str:
         "over the last 20% of the run (points).",
         ["method", *columns],
     )
-    for method in METHODS:
-        cells = []
-        for index, alpha in enumerate(ALPHAS):
-            rows = matching(results, method=method, alpha=alpha)
-            paper = PAPER.get(method)
-            cells += [
-                mean_std(finals(rows)),
-                f"{paper[index]:.2f}" if paper else "-",
-                mean_std([oscillation(r) for r in rows]),
-            ]
-        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+
+    def cells(method: str, alpha: float) -> list[str]:
+        rows = matching(results, method=method, alpha=alpha)
+        paper = PAPER.get(method)
+        return [
+            mean_std(finals(rows)),
+            f"{paper[ALPHAS.index(alpha)]:.2f}" if paper else "-",
+            mean_std([oscillation(r) for r in rows]),
+        ]
+
+    lines += pivot(METHODS, ALPHAS, cells)
     return "\n".join([*lines, "", *claim_lines(results)])
 
 
@@ -410,14 +419,13 @@ def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
         "(%) ours / paper (CIFAR-10; the paper has no SAFL FedSGD here).",
         ["setting", "FedAvg", "FedQS-SGD", "SAFL FedSGD"],
     )
-    for setting, paper in PAPER_ROBUSTNESS.items():
-        cells = []
-        for method in ROBUSTNESS_METHODS:
-            rows = matching(results, setting=setting, method=method)
-            theirs = paper.get(method)
-            cells.append(f"{mean_std(finals(rows))} / " + (f"{theirs:.1f}" if theirs else "-"))
-        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cells(setting: str, method: str) -> list[str]:
+        rows = matching(results, setting=setting, method=method)
+        theirs = PAPER_ROBUSTNESS[setting].get(method)
+        return [f"{mean_std(finals(rows))} / " + (f"{theirs:.1f}" if theirs else "-")]
+
+    return "\n".join(lines + pivot(PAPER_ROBUSTNESS, ROBUSTNESS_METHODS, cells))
 
 
 def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
@@ -429,13 +437,12 @@ def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
         "or with K clients in flight (concurrency K: about the authors' staleness).",
         ["setting", *[f"{m}, {r}" for m, r in columns]],
     )
-    for setting in REGIME_SETTINGS:
-        cells = []
-        for method, regime in columns:
-            rows = matching(results, setting=setting, method=method, regime=regime)
-            cells.append(mean_std(finals(rows)))
-        lines.append(f"| {setting} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    def cells(setting: str, column: tuple[str, str]) -> list[str]:
+        method, regime = column
+        return [mean_std(finals(matching(results, setting=setting, method=method, regime=regime)))]
+
+    return "\n".join(lines + pivot(REGIME_SETTINGS, columns, cells))
 
 
 TABLES = {
@@ -502,19 +509,13 @@ def plot_types(mix: Any, rate: Any, result: dict[str, Any], bins: int = 40) -> N
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--seeds", type=int, default=3, help="seeds of FedQS and SAFL")
-    parser.add_argument("--seeds-all", type=int, default=1, help="seeds of everything else")
+    seed_flags(parser, "FedQS and SAFL")
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
-    parser.add_argument(
-        "--settings",
-        default=",".join(SETTING_KEYS),
-        help=f"regimes suite: a comma-separated subset of {','.join(SETTING_KEYS)}",
-    )
+    subset_flag(parser, "settings", SETTING_KEYS)  # of the regimes suite
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    if unknown := set(args.settings.split(",")) - set(SETTING_KEYS):
-        parser.error(f"unknown settings {sorted(unknown)}; choose from {','.join(SETTING_KEYS)}")
+    check_subsets(args, parser, {"settings": SETTING_KEYS})
 
 
 def runner(args: Options) -> Runner:

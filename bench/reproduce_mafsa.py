@@ -37,7 +37,16 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, finals, matching, run_in_process, table_head
-from bench.reproduce import Options, Paper, Suite, figure, mean_curve
+from bench.reproduce import (
+    Options,
+    Paper,
+    Suite,
+    check_subsets,
+    figure,
+    mean_curve,
+    seed_first,
+    seed_flags,
+)
 from fedstale.launcher.analysis import mean_std
 
 DATA = {
@@ -111,13 +120,11 @@ def setting(slowdown: tuple[float, ...] | None) -> dict[str, Any]:
 def table2_jobs(data: list[str], seeds: int, seeds_all: int) -> list[Job]:
     """Seed 0 of every cell first, so that an interrupted grid has a whole table soonest."""
     jobs = []
-    for seed in range(max(seeds, seeds_all)):
-        for name in data:
-            for method, config in METHODS.items():
-                if seed < (seeds if method in SEEDED else seeds_all):
-                    labels = {"suite": "table2", "data": name, "method": method, "seed": seed}
-                    settings = {**DATA[name], **config, **setting(None), "seed": seed}
-                    jobs.append(Job(f"t2-{name}-{method}-s{seed}", labels, settings))
+    cells = [(name, method) for name in data for method in METHODS]
+    for seed, (name, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+        labels = {"suite": "table2", "data": name, "method": method, "seed": seed}
+        settings = {**DATA[name], **METHODS[method], **setting(None), "seed": seed}
+        jobs.append(Job(f"t2-{name}-{method}-s{seed}", labels, settings))
     return jobs
 
 
@@ -276,15 +283,16 @@ def data_of(args: Options, suite: str) -> list[str]:
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data", default="", help=f"comma-separated subset of {','.join(DATA)}")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds of MAFSA and HierFedAvg(p)")
-    parser.add_argument("--seeds-all", type=int, default=1, help="seeds of ideal HierFedAvg")
+    parser.add_argument(
+        "--data",
+        default="",
+        help=f"a comma-separated subset of {','.join(DATA)} (default: per suite)",
+    )
+    seed_flags(parser, "MAFSA and HierFedAvg(p)")
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    chosen = args.data.split(",") if args.data else []
-    if unknown := set(chosen) - set(DATA):
-        parser.error(f"unknown data {sorted(unknown)}; choose from {','.join(DATA)}")
+    check_subsets(args, parser, {"data": DATA})
 
 
 def sweep(suite: str) -> Suite:

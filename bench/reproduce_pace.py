@@ -48,7 +48,18 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, Runner, matching, run_in_process, table_head
-from bench.reproduce import Options, Paper, Result, Suite, figure, mean_curve
+from bench.reproduce import (
+    Options,
+    Paper,
+    Result,
+    Suite,
+    check_subsets,
+    figure,
+    mean_curve,
+    seed_first,
+    seed_flags,
+    subset_flag,
+)
 from fedstale.launcher.analysis import mean_std
 
 PARTITIONS = {
@@ -123,14 +134,11 @@ PROPORTIONAL = {"latency": "proportional", "latency-step-time": 2.0}
 def jobs_for(methods: list[str], seeds: int, seeds_all: int, parts: list[str]) -> list[Job]:
     """Seed 0 of every cell first, so that an interrupted grid has a whole table soonest."""
     jobs = []
-    for seed in range(max(seeds, seeds_all)):
-        for part in parts:
-            for method in methods:
-                if seed >= (seeds if method in SEEDED else seeds_all):
-                    continue
-                config = {**PARTITIONS[part], **METHODS[method], "seed": seed}
-                labels = {"suite": "pace", "partition": part, "method": method, "seed": seed}
-                jobs.append(Job(f"{part}-{method}-s{seed}", labels, config))
+    cells = [(part, method) for part in parts for method in methods]
+    for seed, (part, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+        config = {**PARTITIONS[part], **METHODS[method], "seed": seed}
+        labels = {"suite": "pace", "partition": part, "method": method, "seed": seed}
+        jobs.append(Job(f"{part}-{method}-s{seed}", labels, config))
     return jobs
 
 
@@ -276,14 +284,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=2000, help="arrivals per run")
-    parser.add_argument(
-        "--seeds", type=int, default=3, help="seeds of PACE and the personalised baselines"
-    )
-    parser.add_argument("--seeds-all", type=int, default=1, help="seeds of every other method")
-    parser.add_argument("--methods", default=",".join(METHODS), help="a comma-separated subset")
-    parser.add_argument(
-        "--partitions", default=",".join(PARTITIONS), help="a comma-separated subset"
-    )
+    seed_flags(parser, "PACE and the personalised baselines")
+    subset_flag(parser, "methods", METHODS)
+    subset_flag(parser, "partitions", PARTITIONS)
     parser.add_argument(
         "--latency",
         choices=("fixed", "proportional"),
@@ -293,9 +296,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    for flag, known in (("methods", METHODS), ("partitions", PARTITIONS)):
-        if unknown := set(getattr(args, flag).split(",")) - set(known):
-            parser.error(f"unknown {flag} {sorted(unknown)}; choose from {','.join(known)}")
+    check_subsets(args, parser, {"methods": METHODS, "partitions": PARTITIONS})
 
 
 def tables(results: list[Result], args: Options) -> str:

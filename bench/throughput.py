@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from fedstale.common.config import parse_run_config
-from fedstale.common.federation import client_data, federation_of
+from fedstale.common.federation import federation_of
 from fedstale.common.models import build_model
+from fedstale.common.shares import client_data
 from fedstale.common.training import local_train
 
 ROOT = Path(__file__).resolve().parent.parent

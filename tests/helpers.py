@@ -139,8 +139,8 @@ UNKNOWN_STRATEGY = (
 
 def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
-    from fedstale.common.federation import run_model
     from fedstale.common.models import ParamLayout
+    from fedstale.common.run_model import run_model
     from fedstale.server_app.experiment import setup_for
 
     model = run_model(run)

@@ -282,21 +282,26 @@ def test_step_count_is_what_local_train_steps(n: int, epochs: int, batch: int, s
 def test_client_share_disk_cache_gives_the_same_data(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedstale.common import federation
+    from fedstale.common import federation, run_model, shares
 
     cfg = run_config(dataset="digits", num_clients=5)
-    monkeypatch.setenv(federation.CACHE_ENV, "")
-    fresh_x, fresh_y = federation.client_data(cfg, 3, "train")
-    federation._client_tensors.cache_clear()
-    monkeypatch.setenv(federation.CACHE_ENV, str(tmp_path))
-    written_x, written_y = federation.client_data(cfg, 3, "train")
+    monkeypatch.setenv(shares.CACHE_ENV, "")
+    fresh_x, fresh_y = shares.client_data(cfg, 3, "train")
+    shares._client_tensors.cache_clear()
+    monkeypatch.setenv(shares.CACHE_ENV, str(tmp_path))
+    written_x, written_y = shares.client_data(cfg, 3, "train")
     assert len(list(tmp_path.glob("*/train-3.npz"))) == 1
-    federation._client_tensors.cache_clear()
+    shares._client_tensors.cache_clear()
     federation.build_federation.cache_clear()
-    read_x, read_y = federation.client_data(cfg, 3, "train")
+    read_x, read_y = shares.client_data(cfg, 3, "train")
     assert federation.build_federation.cache_info().currsize == 0  # served from disk
     for x, y in ((written_x, written_y), (read_x, read_y)):
         assert np.array_equal(x.numpy(), fresh_x.numpy())
         assert np.array_equal(y.numpy(), fresh_y.numpy())
-    assert federation.data_shape(cfg) == ((1, 8, 8), 10)
-    federation._client_tensors.cache_clear()
+    # the model's input shape comes from the dataset, remembered on disk per dataset
+    run_model.dataset_shape.cache_clear()
+    assert run_model.data_shape(cfg) == ((1, 8, 8), 10)
+    assert federation.build_federation.cache_info().currsize == 0
+    assert len(list(tmp_path.glob("shape-*.json"))) == 1
+    run_model.dataset_shape.cache_clear()
+    shares._client_tensors.cache_clear()

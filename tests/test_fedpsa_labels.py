@@ -14,9 +14,9 @@ import fedstale
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.calibration import gaussian_batch
 from fedstale.common.config import ConfigError, RunConfig
-from fedstale.common.federation import run_model
 from fedstale.common.models import build_model, get_flat, set_flat
 from fedstale.common.records import from_array_record, message_content
+from fedstale.common.run_model import run_model
 from fedstale.common.schema import SignalKeys, TaskSpec
 from fedstale.common.sensitivity import model_sketch, self_labelled, sketch_for_task
 from fedstale.strategies.fedpsa import FedPSA, FedPSAParams

@@ -19,10 +19,11 @@ from flwr.app import Context, Message, MessageType, RecordDict
 import fedstale
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import RunConfig
-from fedstale.common.federation import client_data
 from fedstale.common.models import ParamLayout
 from fedstale.common.records import from_array_record, message_content
+from fedstale.common.run_model import data_shape
 from fedstale.common.schema import STALE, RuleKeys, TaskSpec, set_key
+from fedstale.common.shares import client_data
 from fedstale.common.threads import limited
 from fedstale.common.training import local_train
 from fedstale.server_app.contract import FlowerContract, MissingSignal
@@ -236,6 +237,8 @@ def test_the_fedqs_mod_measures_the_built_in_spread_and_sets_the_momentum(
         model,
         layout,
         layout.flatten(start),
+        *client_data(cfg, 1, "train"),
+        *data_shape(cfg),
     )
     ClassSpread().before(local)
     seen: list[float] = []

@@ -13,9 +13,9 @@ import pytest
 
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import ConfigError
-from fedstale.common.federation import client_data
 from fedstale.common.models import get_flat, set_flat
 from fedstale.common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
+from fedstale.common.shares import client_data
 from fedstale.common.threads import limited
 from fedstale.common.training import local_train
 from fedstale.launcher.local import local_transport

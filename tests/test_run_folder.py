@@ -172,7 +172,7 @@ def test_config_json_says_where_the_run_came_from(tmp_path: Path) -> None:
 def test_a_dataset_that_cannot_be_found_or_fetched_is_a_config_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from fedstale.common import data, federation
+    from fedstale.common import data, usercode
     from fedstale.common.config import parse_run_config
 
     def unavailable(name: str, data_dir: str = "") -> None:
@@ -180,6 +180,6 @@ def test_a_dataset_that_cannot_be_found_or_fetched_is_a_config_error(
             f"{name} not found and no mirror answered; {data.HOW_TO_GET[name]}"
         )
 
-    monkeypatch.setattr(federation, "load_dataset", unavailable)
+    monkeypatch.setattr(usercode, "load_dataset", unavailable)
     with pytest.raises(ConfigError, match=r"^dataset 'mnist': mnist not found .* data-dir$"):
-        federation.require_dataset(parse_run_config({"dataset": "mnist"}))
+        usercode.require_dataset(parse_run_config({"dataset": "mnist"}))

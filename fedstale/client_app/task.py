@@ -13,7 +13,6 @@ import torch
 
 from fedstale.client_app.faults import corrupt
 from fedstale.common.config import RunConfig
-from fedstale.common.federation import client_data, client_holdout, run_model
 from fedstale.common.models import (
     ParamLayout,
     evaluate,
@@ -22,9 +21,10 @@ from fedstale.common.models import (
 )
 from fedstale.common.objectives import objective
 from fedstale.common.records import ArraySets
+from fedstale.common.run_model import data_shape, run_model
 from fedstale.common.schema import RETURN_DELTA, ReplyKeys, ScoreKeys, TaskKeys, TaskSpec
+from fedstale.common.shares import client_data, client_holdout
 from fedstale.common.threads import on_client_threads
-from fedstale.common.training import Optimiser, local_train
 from fedstale.strategies.client import LocalTask, rules_named
 from fedstale.strategies.registry import client_rules
 
@@ -56,6 +56,8 @@ def train_task(
     start = layout.flatten(dict(arrays))
     set_flat(model, start)
     score = start_score(cfg, partition, model) if spec.extra.get(ScoreKeys.ASK) else {}
+    device = next(model.parameters()).device
+    x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
     task = LocalTask(
         cfg,
         partition,
@@ -63,30 +65,17 @@ def train_task(
         model,
         layout,
         start,
+        x,
+        y,
+        *data_shape(cfg),
         inputs={name: layout.flatten(dict(a)) for name, a in (sets or {}).items()},
         state=dict(state or {}),
     )
     rules = rules_named(spec.rules, client_rules())
     for rule in rules:
         rule.before(task)
-    spec = task.spec  # a rule may have set the task's optimiser settings
-    device = next(model.parameters()).device
-    x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
-    loss = local_train(
-        model,
-        x,
-        y,
-        epochs=spec.local_epochs,
-        batch_size=spec.batch_size,
-        lr=spec.lr,
-        seed=spec.seed,
-        proximal_mu=spec.proximal_mu,
-        closed_form=cfg.trainer == "auto",
-        optimiser=Optimiser(spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip),
-        steps=spec.local_steps,
-        loss_terms=task.loss_terms,
-        loss=objective(cfg.loss, cfg.metric).loss,
-    )
+    loss = task.train()  # with the optimiser settings a rule may have set
+    spec = task.spec
     trained = get_flat(model)
     delta = trained - start
     for rule in rules:

@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedstale.common.federation import cache_dir
 from fedstale.common.files import write_atomically
 from fedstale.common.schema import SignalKeys
+from fedstale.common.shares import cache_dir
 
 Batch = tuple[torch.Tensor, torch.Tensor]
 SOURCES = ("gaussian", "real")

@@ -288,7 +288,7 @@ def _check_consistency(cfg: RunConfig) -> None:
 
 def _check_task(cfg: RunConfig) -> None:
     """Model, dataset, loss and rule fit together (a user's dataset is checked once loaded:
-    fedstale/common/federation.py require_dataset)."""
+    fedstale/common/usercode.py require_dataset)."""
     own_data, own_model = is_reference(cfg.dataset), is_reference(cfg.model)
     built_in = not (own_data or own_model or cfg.model == "auto")
     if built_in and cfg.dataset not in MODEL_DATASETS[cfg.model]:

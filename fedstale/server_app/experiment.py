@@ -16,14 +16,7 @@ from fedstale.common.config import (
     KebabModel,
     RunConfig,
 )
-from fedstale.common.federation import (
-    client_holdout,
-    effective_test_split,
-    federation_of,
-    require_dataset,
-    run_model,
-    test_data,
-)
+from fedstale.common.federation import effective_test_split, federation_of, test_data
 from fedstale.common.models import (
     ParamLayout,
     evaluate,
@@ -31,8 +24,11 @@ from fedstale.common.models import (
     set_flat,
 )
 from fedstale.common.objectives import objective
+from fedstale.common.run_model import run_model
 from fedstale.common.sensitivity import global_sketcher, loss_gradient
+from fedstale.common.shares import client_holdout
 from fedstale.common.threads import blas_threads
+from fedstale.common.usercode import require_dataset
 from fedstale.server_app import lifecycle
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.lifecycle import Door, Model

@@ -18,16 +18,19 @@ import torch
 
 from fedstale.common.config import RunConfig
 from fedstale.common.models import ParamLayout
+from fedstale.common.objectives import objective
 from fedstale.common.schema import TaskSpec
-from fedstale.common.training import LossTerm
+from fedstale.common.training import LossTerm, Optimiser, local_train
 
 
 @dataclass
 class LocalTask:
-    """One task as the rules see it. `start`: the flat model the task starts from;
-    `inputs`: the other named sets it received (flat); `state`: arrays this client keeps
-    between tasks (Flower's Context.state; emulated per client in-process);
-    `loss_terms`, `signals` and `outputs` are what the rules add."""
+    """One task as the rules see it. `start`: the flat model the task starts from; `x`,
+    `y`: this client's training split on the model's device (built once per process);
+    `input_shape`, `num_classes`: the dataset's; `inputs`: the other named sets it
+    received (flat); `state`: arrays this client keeps between tasks (Flower's
+    Context.state; emulated per client in-process); `loss_terms`, `signals` and `outputs`
+    are what the rules add."""
 
     cfg: RunConfig
     partition: int
@@ -35,11 +38,36 @@ class LocalTask:
     model: torch.nn.Module
     layout: ParamLayout
     start: np.ndarray
+    x: torch.Tensor
+    y: torch.Tensor
+    input_shape: tuple[int, ...]
+    num_classes: int
     inputs: dict[str, np.ndarray] = field(default_factory=dict)
     state: dict[str, np.ndarray] = field(default_factory=dict)
     loss_terms: list[LossTerm] = field(default_factory=list)
     signals: dict[str, Any] = field(default_factory=dict)
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def train(self, lr: float | None = None, seed: int | None = None) -> float:
+        """Local training of the loaded `model` on this client's data as the task's spec
+        says (`lr` and `seed` overridden where given: MAFSA's offline rounds); the mean
+        training loss. The one place a client trains."""
+        spec, cfg = self.spec, self.cfg
+        return local_train(
+            self.model,
+            self.x,
+            self.y,
+            epochs=spec.local_epochs,
+            batch_size=spec.batch_size,
+            lr=spec.lr if lr is None else lr,
+            seed=spec.seed if seed is None else seed,
+            proximal_mu=spec.proximal_mu,
+            closed_form=cfg.trainer == "auto",
+            optimiser=Optimiser(spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip),
+            steps=spec.local_steps,
+            loss_terms=self.loss_terms,
+            loss=objective(cfg.loss, cfg.metric).loss,
+        )
 
 
 class ClientRule:

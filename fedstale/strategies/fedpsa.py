@@ -29,7 +29,6 @@ from pydantic import Field
 from torch.nn import Module
 
 from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.federation import data_shape
 from fedstale.common.schema import InvalidReply, SignalKeys, SignalSpec
 from fedstale.common.sensitivity import sketch_for_task
 from fedstale.strategies.base import (
@@ -93,7 +92,7 @@ class SensitivitySketch(ClientRule):
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
         task.signals.update(
-            sketch_signals(task.model, task.spec.extra, *data_shape(task.cfg), delta)
+            sketch_signals(task.model, task.spec.extra, task.input_shape, task.num_classes, delta)
         )
 
 

@@ -19,7 +19,6 @@ import torch
 from pydantic import Field
 
 from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.federation import client_data
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
 from fedstale.strategies.base import (
     Assignment,
@@ -309,8 +308,7 @@ class ClassSpread(ClientRule):
 
     def before(self, task: LocalTask) -> None:
         def spread() -> float:
-            x, y = client_data(task.cfg, task.partition, "train")
-            return class_spread(task.model, x, y)
+            return class_spread(task.model, task.x, task.y)
 
         signals = spread_signals(task.spec.extra, task.spec.momentum, spread)
         task.spec = replace(task.spec, momentum=signals[RuleKeys.FEDQS_MOMENTUM])

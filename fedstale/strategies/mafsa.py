@@ -16,11 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.federation import client_data
 from fedstale.common.models import get_flat, set_flat
-from fedstale.common.objectives import objective
 from fedstale.common.schema import STALE, RuleKeys
-from fedstale.common.training import Optimiser, local_train
 from fedstale.strategies.base import Update
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.hierarchy import Hierarchy
@@ -68,26 +65,9 @@ class StaleTraining(ClientRule):
         schedule = stale_schedule(task.spec.extra, task.spec.seed)
         if not schedule:
             return
-        spec = task.spec
         set_flat(task.model, task.inputs[STALE])
-        device = next(task.model.parameters()).device
-        x, y = (t.to(device) for t in client_data(task.cfg, task.partition, "train"))
         for lr, seed in schedule:
-            local_train(
-                task.model,
-                x,
-                y,
-                epochs=spec.local_epochs,
-                batch_size=spec.batch_size,
-                lr=lr,
-                seed=seed,
-                closed_form=task.cfg.trainer == "auto",
-                optimiser=Optimiser(
-                    spec.optimizer, spec.momentum, spec.weight_decay, spec.grad_clip
-                ),
-                steps=spec.local_steps,
-                loss=objective(task.cfg.loss, task.cfg.metric).loss,
-            )
+            task.train(lr, seed)
         task.outputs[STALE] = get_flat(task.model)
 
 
