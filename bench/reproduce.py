@@ -130,11 +130,11 @@ def seed_first(
     seeds_all: int,
     seeded: Collection[str],
     cells: Iterable[Cell],
-    method: Callable[[Cell], str],
+    method: Callable[[Cell], str] = lambda cell: cell[-1],  # type: ignore[index]
 ) -> Iterator[tuple[int, Cell]]:
     """(seed, cell) of the grid, seed 0 of every cell first, so that an interrupted grid has
-    a whole table soonest: a cell whose method is in `seeded` runs `seeds` seeds (--seeds),
-    any other `seeds_all` (--seeds-all)."""
+    a whole table soonest: a cell whose method (by default its last item) is in `seeded`
+    runs `seeds` seeds (--seeds), any other `seeds_all` (--seeds-all)."""
     cells = list(cells)
     for seed in range(max(seeds, seeds_all)):
         for cell in cells:

@@ -48,18 +48,7 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, Runner, finals, matching, run_in_process, table_head
-from bench.reproduce import (
-    Options,
-    Paper,
-    Suite,
-    check_subsets,
-    figure,
-    mean_curve,
-    pivot,
-    seed_first,
-    seed_flags,
-    subset_flag,
-)
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve
 from fedstale.launcher.analysis import mean_std
 
 ALPHAS = (0.1, 0.5, 1.0)
@@ -192,7 +181,9 @@ def expected_length(values: dict[str, Any]) -> float:
 def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
     jobs = []
     cells = [(alpha, method) for alpha in ALPHAS for method in METHODS]
-    for seed, (alpha, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+    for seed, (alpha, method) in reproduce.seed_first(
+        seeds, seeds_all, SEEDED, cells, lambda c: c[1]
+    ):
         labels = {"suite": "main", "alpha": alpha, "method": method, "seed": seed}
         settings = {**METHODS[method], "dirichlet-alpha": alpha, "seed": seed}
         jobs.append(Job(f"a{alpha}-{method}-s{seed}", labels, settings))
@@ -317,7 +308,7 @@ def main_table(results: list[dict[str, Any]], aggregations: int) -> str:
             mean_std([oscillation(r) for r in rows]),
         ]
 
-    lines += pivot(METHODS, ALPHAS, cells)
+    lines += reproduce.pivot(METHODS, ALPHAS, cells)
     return "\n".join([*lines, "", *claim_lines(results)])
 
 
@@ -425,7 +416,7 @@ def robustness_table(results: list[dict[str, Any]], aggregations: int) -> str:
         theirs = PAPER_ROBUSTNESS[setting].get(method)
         return [f"{mean_std(finals(rows))} / " + (f"{theirs:.1f}" if theirs else "-")]
 
-    return "\n".join(lines + pivot(PAPER_ROBUSTNESS, ROBUSTNESS_METHODS, cells))
+    return "\n".join(lines + reproduce.pivot(PAPER_ROBUSTNESS, ROBUSTNESS_METHODS, cells))
 
 
 def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
@@ -442,7 +433,7 @@ def regimes_table(results: list[dict[str, Any]], aggregations: int) -> str:
         method, regime = column
         return [mean_std(finals(matching(results, setting=setting, method=method, regime=regime)))]
 
-    return "\n".join(lines + pivot(REGIME_SETTINGS, columns, cells))
+    return "\n".join(lines + reproduce.pivot(REGIME_SETTINGS, columns, cells))
 
 
 TABLES = {
@@ -509,13 +500,13 @@ def plot_types(mix: Any, rate: Any, result: dict[str, Any], bins: int = 40) -> N
 
 
 def options(parser: argparse.ArgumentParser) -> None:
-    seed_flags(parser, "FedQS and SAFL")
+    reproduce.seed_flags(parser, "FedQS and SAFL")
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
-    subset_flag(parser, "settings", SETTING_KEYS)  # of the regimes suite
+    reproduce.subset_flag(parser, "settings", SETTING_KEYS)  # of the regimes suite
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    check_subsets(args, parser, {"settings": SETTING_KEYS})
+    reproduce.check_subsets(args, parser, {"settings": SETTING_KEYS})
 
 
 def runner(args: Options) -> Runner:

@@ -37,16 +37,7 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, finals, matching, run_in_process, table_head
-from bench.reproduce import (
-    Options,
-    Paper,
-    Suite,
-    check_subsets,
-    figure,
-    mean_curve,
-    seed_first,
-    seed_flags,
-)
+from bench.reproduce import Options, Paper, Suite, figure, mean_curve
 from fedstale.launcher.analysis import mean_std
 
 DATA = {
@@ -121,7 +112,9 @@ def table2_jobs(data: list[str], seeds: int, seeds_all: int) -> list[Job]:
     """Seed 0 of every cell first, so that an interrupted grid has a whole table soonest."""
     jobs = []
     cells = [(name, method) for name in data for method in METHODS]
-    for seed, (name, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+    for seed, (name, method) in reproduce.seed_first(
+        seeds, seeds_all, SEEDED, cells, lambda c: c[1]
+    ):
         labels = {"suite": "table2", "data": name, "method": method, "seed": seed}
         settings = {**DATA[name], **METHODS[method], **setting(None), "seed": seed}
         jobs.append(Job(f"t2-{name}-{method}-s{seed}", labels, settings))
@@ -288,11 +281,11 @@ def options(parser: argparse.ArgumentParser) -> None:
         default="",
         help=f"a comma-separated subset of {','.join(DATA)} (default: per suite)",
     )
-    seed_flags(parser, "MAFSA and HierFedAvg(p)")
+    reproduce.seed_flags(parser, "MAFSA and HierFedAvg(p)")
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    check_subsets(args, parser, {"data": DATA})
+    reproduce.check_subsets(args, parser, {"data": DATA})
 
 
 def sweep(suite: str) -> Suite:

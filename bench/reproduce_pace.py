@@ -48,18 +48,7 @@ from typing import Any
 
 from bench import reproduce
 from bench.grid import Job, Runner, matching, run_in_process, table_head
-from bench.reproduce import (
-    Options,
-    Paper,
-    Result,
-    Suite,
-    check_subsets,
-    figure,
-    mean_curve,
-    seed_first,
-    seed_flags,
-    subset_flag,
-)
+from bench.reproduce import Options, Paper, Result, Suite, figure, mean_curve
 from fedstale.launcher.analysis import mean_std
 
 PARTITIONS = {
@@ -135,7 +124,9 @@ def jobs_for(methods: list[str], seeds: int, seeds_all: int, parts: list[str]) -
     """Seed 0 of every cell first, so that an interrupted grid has a whole table soonest."""
     jobs = []
     cells = [(part, method) for part in parts for method in methods]
-    for seed, (part, method) in seed_first(seeds, seeds_all, SEEDED, cells, lambda c: c[1]):
+    for seed, (part, method) in reproduce.seed_first(
+        seeds, seeds_all, SEEDED, cells, lambda c: c[1]
+    ):
         config = {**PARTITIONS[part], **METHODS[method], "seed": seed}
         labels = {"suite": "pace", "partition": part, "method": method, "seed": seed}
         jobs.append(Job(f"{part}-{method}-s{seed}", labels, config))
@@ -284,9 +275,9 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
 def options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--updates", type=int, default=2000, help="arrivals per run")
-    seed_flags(parser, "PACE and the personalised baselines")
-    subset_flag(parser, "methods", METHODS)
-    subset_flag(parser, "partitions", PARTITIONS)
+    reproduce.seed_flags(parser, "PACE and the personalised baselines")
+    reproduce.subset_flag(parser, "methods", METHODS)
+    reproduce.subset_flag(parser, "partitions", PARTITIONS)
     parser.add_argument(
         "--latency",
         choices=("fixed", "proportional"),
@@ -296,7 +287,7 @@ def options(parser: argparse.ArgumentParser) -> None:
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    check_subsets(args, parser, {"methods": METHODS, "partitions": PARTITIONS})
+    reproduce.check_subsets(args, parser, {"methods": METHODS, "partitions": PARTITIONS})
 
 
 def tables(results: list[Result], args: Options) -> str:

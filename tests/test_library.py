@@ -33,6 +33,7 @@ from fedstale.server_app.contract import FlowerContract, MissingSignal
 from fedstale.server_app.engine import Engine, EngineError
 from fedstale.server_app.flower_strategy import AsyncStrategy
 from fedstale.server_app.nodes import NodesInOrder
+from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
@@ -68,11 +69,11 @@ def strategy(name: str) -> Any:
 def test_the_update_is_the_trained_model_minus_the_model_sent() -> None:
     contract = FlowerContract({}, DTYPES)
     contract.sent(0, np.array([1, 1, 1, 1, 0], np.float32))
-    update = contract.update(task(), model_reply(1.5), strategy("fedbuff"), LAYOUT, 2, 5, set())
+    update = contract.update(Arrival(task(), 2, 5), model_reply(1.5), strategy("fedbuff"), LAYOUT)
     assert update.vector.tolist() == [0.5, 0.5, 0.5, 0.5, 3.0]
     assert (update.num_examples, update.staleness) == (20, 2)
     contract.sent(1, np.ones(5, np.float32))  # a rule that takes models gets the model
-    model = contract.update(task(1), model_reply(2.0), strategy("fedavg"), LAYOUT, 0, 0, set())
+    model = contract.update(Arrival(task(1), 0, 0), model_reply(2.0), strategy("fedavg"), LAYOUT)
     assert model.vector.tolist() == [2.0, 2.0, 2.0, 2.0, 3.0]
 
 
@@ -92,7 +93,7 @@ def test_a_reply_that_breaks_the_contract_is_rejected_with_its_reason(
     contract = FlowerContract({}, DTYPES)
     contract.sent(0, np.zeros(5, np.float32))
     with pytest.raises(InvalidReply, match=reason):
-        contract.update(task(), reply, strategy("fedbuff"), LAYOUT, 0, 0, set())
+        contract.update(Arrival(task(), 0, 0), reply, strategy("fedbuff"), LAYOUT)
 
 
 def test_a_wrong_shape_or_name_is_rejected() -> None:
@@ -100,10 +101,10 @@ def test_a_wrong_shape_or_name_is_rejected() -> None:
     contract.sent(0, np.zeros(5, np.float32))
     wrong = Reply("m0", metrics={"num-examples": 2}, arrays={"w": np.zeros((4,), np.float32)})
     with pytest.raises(InvalidReply, match=r"missing \['steps'\]"):
-        contract.update(task(), wrong, strategy("fedbuff"), LAYOUT, 0, 0, set())
+        contract.update(Arrival(task(), 0, 0), wrong, strategy("fedbuff"), LAYOUT)
     wrong.arrays = {"w": np.zeros((4,), np.float32), "steps": np.zeros(1, np.int64)}
     with pytest.raises(InvalidReply, match=r"shape \(4,\), expected \(2, 2\)"):
-        contract.update(task(), wrong, strategy("fedbuff"), LAYOUT, 0, 0, set())
+        contract.update(Arrival(task(), 0, 0), wrong, strategy("fedbuff"), LAYOUT)
 
 
 def test_a_missing_signal_names_the_mod_to_add() -> None:
@@ -112,7 +113,7 @@ def test_a_missing_signal_names_the_mod_to_add() -> None:
     contract = FlowerContract({}, DTYPES, hints)
     contract.sent(0, np.zeros(5, np.float32))
     with pytest.raises(MissingSignal) as err:
-        contract.update(task(), model_reply(1.0), rule, LAYOUT, 0, 0, set())
+        contract.update(Arrival(task(), 0, 0), model_reply(1.0), rule, LAYOUT)
     assert str(err.value) == (
         "fedpsa needs 'sketch', 'update-norm-sq' in every train reply: add "
         "fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
@@ -245,7 +246,7 @@ def test_the_fedpsa_mod_adds_what_the_server_checks() -> None:
     contract = FlowerContract({}, {k: np.dtype(np.float32) for k in layout.names})
     contract.sent(0, layout.flatten(start))
     trained = Reply("m0", metrics=metrics, arrays=from_array_record(reply.content["arrays"]))
-    update = contract.update(task(), trained, rule, layout, 0, 0, set())
+    update = contract.update(Arrival(task(), 0, 0), trained, rule, layout)
     assert update.signals[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(15 * 0.01**2, rel=1e-3)
     evaluate = Message(RecordDict(), dst_node_id=1, message_type=MessageType.EVALUATE)
     assert names_untouched(mod, evaluate)

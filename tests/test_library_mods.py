@@ -28,6 +28,7 @@ from fedstale.common.threads import limited
 from fedstale.common.training import local_train
 from fedstale.server_app.contract import FlowerContract, MissingSignal
 from fedstale.server_app.flower_strategy import AsyncStrategy
+from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import View
@@ -113,7 +114,7 @@ def test_the_mafsa_mod_trains_the_stale_model_through_the_offline_rounds() -> No
     contract.sent(7, LAYOUT.flatten(lab_arrays(1.0)))
     sent = task(7)
     sent.sets = (STALE,)
-    update = contract.update(sent, as_reply(reply), rule, LAYOUT, 0, 0, set())
+    update = contract.update(Arrival(sent, 0, 0), as_reply(reply), rule, LAYOUT)
     np.testing.assert_allclose(update.vector[:4], 0.95, rtol=1e-6)  # the model
     np.testing.assert_allclose(update.sets[STALE][:4], 2.0 - 0.2 - 0.1, rtol=1e-6)
     assert reply.content[set_key(STALE)]["steps"].numpy().dtype == np.int64
@@ -130,7 +131,7 @@ def test_without_the_mod_a_returning_clients_reply_names_it() -> None:
     sent = task(7)
     sent.sets = (STALE,)
     with pytest.raises(MissingSignal, match=r"add fedstale.mafsa_mod\(\) to your ClientApp"):
-        contract.update(sent, as_reply(minus_lr(msg, CONTEXT)), rule, LAYOUT, 0, 0, set())
+        contract.update(Arrival(sent), as_reply(minus_lr(msg, CONTEXT)), rule, LAYOUT)
 
 
 def fedstale_local_training(cfg: RunConfig, partition: int) -> Train:
@@ -279,10 +280,10 @@ def test_the_fedqs_mods_reply_passes_fedqs_checks_and_without_it_the_reply_names
     contract.sent(7, layout.flatten(start))
     plain = as_reply(seen_momentum([])(msg, CONTEXT))
     with pytest.raises(MissingSignal, match=r"add fedstale.fedqs_mod\(model_fn, data_fn\) to your"):
-        contract.update(task(7), plain, rule, layout, 0, 0, set())
+        contract.update(Arrival(task(7), 0, 0), plain, rule, layout)
     mod = fedstale.fedqs_mod(lambda: torch.nn.Linear(2, 3), lambda ctx: (x, y))
     reply = as_reply(mod(msg, CONTEXT, seen_momentum([])))
-    update = contract.update(task(7), reply, rule, layout, 0, 0, set())
+    update = contract.update(Arrival(task(7), 0, 0), reply, rule, layout)
     assert update.signals[RuleKeys.FEDQS_SPREAD] == pytest.approx(class_spread(net, x, y))
 
 

@@ -27,8 +27,7 @@ from fedstale.common.schema import (
     TaskSpec,
     parse_signals,
 )
-from fedstale.server_app.clock import Task
-from fedstale.server_app.replies import validated
+from fedstale.server_app.replies import Arrival, update_of, validated
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment, Strategy, Update
 
@@ -52,13 +51,10 @@ class Contract(Protocol):
 
     def update(
         self,
-        task: Task,
+        arrival: Arrival,
         reply: Reply,
         strategy: Strategy,
         layout: ParamLayout,
-        version: int,
-        accepted: int,
-        answered: set[int],
     ) -> Update: ...
 
     def forget(self, task_id: int) -> None:
@@ -80,15 +76,12 @@ class FedstaleContract:
 
     def update(
         self,
-        task: Task,
+        arrival: Arrival,
         reply: Reply,
         strategy: Strategy,
         layout: ParamLayout,
-        version: int,
-        accepted: int,
-        answered: set[int],
     ) -> Update:
-        return validated(task, reply, strategy, layout, version, accepted, answered)
+        return validated(arrival, reply, strategy, layout)
 
     def forget(self, task_id: int) -> None:
         pass
@@ -139,14 +132,12 @@ class FlowerContract:
 
     def update(
         self,
-        task: Task,
+        arrival: Arrival,
         reply: Reply,
         strategy: Strategy,
         layout: ParamLayout,
-        version: int,
-        accepted: int,
-        answered: set[int],
     ) -> Update:
+        task = arrival.task
         if reply.invalid:
             raise InvalidReply(reply.invalid)
         num_examples = reply.metrics.get(ReplyKeys.NUM_EXAMPLES)
@@ -164,20 +155,15 @@ class FlowerContract:
         start = self.starts[task.task_id]
         vector = trained - start if strategy.returns == RETURN_DELTA else trained
         self.metrics[task.task_id] = dict(reply.metrics)
-        update = Update(
-            client=task.client,
-            task_id=task.task_id,
-            base_version=task.version,
-            staleness=version - task.version,
-            num_examples=int(num_examples),
-            vector=vector,
-            signals=parse_signals(reply.metrics, strategy.signals()),
-            compute_seconds=float(reply.metrics.get(ReplyKeys.COMPUTE_SECONDS, 0.0)),
-            sets={name: checked_model(a, layout) for name, a in reply.sets.items()},
-            arrivals=accepted - task.accepted_before,
-        )
-        strategy.validate(update)
-        return update
+        signals = parse_signals(reply.metrics, strategy.signals())
+        seconds = float(reply.metrics.get(ReplyKeys.COMPUTE_SECONDS, 0.0))
+        sets = {name: checked_model(a, layout) for name, a in reply.sets.items()}
+        return update_of(
+            arrival,
+            strategy,
+            Update(task.client, task.task_id, task.version, 0, int(num_examples), vector,
+                   signals, seconds, sets),
+        )  # fmt: skip
 
     def require_signals(self, strategy: Strategy, reply: Reply) -> None:
         absent = sorted(set(strategy.signals()) - set(reply.metrics))

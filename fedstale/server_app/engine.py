@@ -26,6 +26,7 @@ from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.nodes import NodeBook, Nodes
+from fedstale.server_app.replies import Arrival
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
@@ -342,15 +343,8 @@ class Engine:
         """The reply as an Update, or None when it is rejected (logged, counted, then
         `on_reject`)."""
         try:
-            return self.contract.update(
-                task,
-                reply,
-                self.strategy,
-                self.layout,
-                self.version,
-                self.counters.accepted,
-                self.book.answered,
-            )
+            arrival = Arrival(task, self.version, self.counters.accepted, self.book.answered)
+            return self.contract.update(arrival, reply, self.strategy, self.layout)
         except InvalidReply as err:
             self.reject(task, err)
             on_reject()

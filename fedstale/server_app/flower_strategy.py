@@ -19,6 +19,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -313,29 +314,26 @@ class ResultRecorder(RunRecorder):
         return out
 
 
+@dataclass
 class LibraryDoor(Door):
     """The library's way in: a user's Grid, their initial arrays and evaluate_fn, any
-    ClientApp answering Flower's train message; the clients' data sizes are unknown."""
+    ClientApp answering Flower's train message; the clients' data sizes are unknown. What
+    the run gives back is in `result` (and the final version in `engine_version`)."""
 
-    def __init__(
-        self,
-        strategy: AsyncStrategy,
-        grid: Grid,
-        arrays: dict[str, np.ndarray],
-        user_config: dict[str, Any],
-        evaluate_fn: EvaluateFn | None,
-    ) -> None:
-        self.strategy = strategy
-        self.grid = grid
-        self.arrays = arrays
-        self.user_config = user_config
-        self.evaluate_fn = evaluate_fn
-        self.layout = ParamLayout(tuple(arrays), tuple(tuple(a.shape) for a in arrays.values()))
-        dtypes = {name: a.dtype for name, a in arrays.items()}
-        self.flower = FlowerContract(user_config, dtypes, strategy.hints())
+    strategy: AsyncStrategy
+    grid: Grid
+    arrays: dict[str, np.ndarray]
+    user_config: dict[str, Any]
+    evaluate_fn: EvaluateFn | None
+    result: Result = field(default_factory=Result)
+    engine_version: int = 0
+
+    def __post_init__(self) -> None:
+        shapes = tuple(tuple(a.shape) for a in self.arrays.values())
+        self.layout = ParamLayout(tuple(self.arrays), shapes)
+        dtypes = {name: a.dtype for name, a in self.arrays.items()}
+        self.flower = FlowerContract(self.user_config, dtypes, self.strategy.hints())
         self.contract = self.flower
-        self.result = Result()
-        self.engine_version = 0
 
     def name(self, run: RunConfig) -> str:
         return run.run_name or f"{run.strategy}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"

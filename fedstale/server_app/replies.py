@@ -3,6 +3,8 @@ into the `Update` a strategy consumes; anything that does not hold up is an Inva
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from fedstale.common.models import ParamLayout
 from fedstale.common.schema import InvalidReply, check_arrays, parse_train_metrics
 from fedstale.server_app.clock import Task
@@ -10,17 +12,20 @@ from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Strategy, Update
 
 
-def validated(
-    task: Task,
-    reply: Reply,
-    strategy: Strategy,
-    layout: ParamLayout,
-    version: int,
-    accepted: int,
-    answered: set[int],
-) -> Update:
-    """`version`: the global version now; `accepted`: updates accepted so far;
-    `answered`: task ids already answered (a reply naming one is a replay)."""
+@dataclass(frozen=True)
+class Arrival:
+    """A reply's task and the moment it arrives: the global version now, the updates
+    accepted so far, and the task ids already answered (a reply naming one is a replay)."""
+
+    task: Task
+    version: int = 0
+    accepted: int = 0
+    answered: frozenset[int] | set[int] = frozenset()
+
+
+def validated(arrival: Arrival, reply: Reply, strategy: Strategy, layout: ParamLayout) -> Update:
+    """fedstale's own ClientApp's reply, checked in full."""
+    task, answered = arrival.task, arrival.answered
     if reply.invalid:
         raise InvalidReply(reply.invalid)
     metrics = parse_train_metrics(reply.metrics, strategy.signals())
@@ -36,17 +41,20 @@ def validated(
         raise InvalidReply(f"reply carries array sets {sorted(reply.sets)}, expected {expected}")
     for arrays in (reply.arrays, *reply.sets.values()):
         check_arrays(arrays, layout.names, layout.shapes)
-    update = Update(
-        client=task.client,
-        task_id=task.task_id,
-        base_version=task.version,
-        staleness=version - task.version,
-        num_examples=metrics.num_examples,
-        vector=layout.flatten(reply.arrays),
-        signals=metrics.signals,
-        compute_seconds=metrics.compute_seconds,
-        sets={name: layout.flatten(a) for name, a in reply.sets.items()},
-        arrivals=accepted - task.accepted_before,
-    )
+    sets = {name: layout.flatten(a) for name, a in reply.sets.items()}
+    return update_of(
+        arrival,
+        strategy,
+        Update(task.client, task.task_id, task.version, 0, metrics.num_examples,
+               layout.flatten(reply.arrays), metrics.signals, metrics.compute_seconds, sets),
+    )  # fmt: skip
+
+
+def update_of(arrival: Arrival, strategy: Strategy, received: Update) -> Update:
+    """The update the strategy consumes: what a contract read from the reply, with its
+    staleness in versions and in arrivals; the rule's own checks (`validate`) passed."""
+    task = arrival.task
+    staleness, arrivals = arrival.version - task.version, arrival.accepted - task.accepted_before
+    update = replace(received, staleness=staleness, arrivals=arrivals)
     strategy.validate(update)
     return update
