@@ -161,17 +161,19 @@ def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any
     started = time.monotonic()
     name, settings, resumed, kept = prepare(door, run, params)
     recorder = door.recorder(run, name, kept)
-    looped = False
+    looped, progress = False, None
     try:
         recorder.write_config({**settings, **door.config_extras(run), "provenance": provenance()})
-        progress = progress_for(run.progress_interval)
-        engine = build_engine(door, run, params, recorder, progress)
+        engine, progress = build_engine(door, run, params, recorder)
         if resumed is not None:
             checkpoint.restore(engine, resumed)
         log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
         door.started(run, engine)
         looped = True
-        loop(door, engine, recorder, progress)
+        with Heartbeat(recorder.dir / HEARTBEAT_FILE), door.looping():
+            engine.run_loop()
+        progress.close()  # before the closing lines, which a live bar would hold back
+        progress = None
         door.finished(run, engine, recorder)
         return finish(door, run, engine, recorder, time.monotonic() - started)
     except ConfigError:
@@ -179,21 +181,22 @@ def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any
             recorder.discard()
         raise
     finally:
+        if progress is not None:
+            progress.close()
         recorder.close()
 
 
 def build_engine(
-    door: Door,
-    run: RunConfig,
-    params: KebabModel,
-    recorder: RunRecorder,
-    progress: Progress | ProgressBar,
-) -> Engine:
+    door: Door, run: RunConfig, params: KebabModel, recorder: RunRecorder
+) -> tuple[Engine, Progress | ProgressBar]:
+    """The rule built and bound, and the engine around it with its progress display (shown
+    from here on: whoever builds it closes it)."""
     model = door.model(run)
     strategy = build_strategy(run, params, model.initial)
     setup = door.setup(run, model)
     strategy.bind(setup)
     engine: Engine | None = None
+    progress = progress_for(run.progress_interval)
 
     def version() -> int:
         return engine.version if engine is not None else 0
@@ -212,7 +215,7 @@ def build_engine(
         contract=door.contract,
         nodes=door.nodes(run),
     )
-    return engine
+    return engine, progress
 
 
 def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> LatencyProfile:
@@ -222,16 +225,6 @@ def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> 
     if factors is not None:
         latency = replace(latency, base=latency.base * factors)
     return latency
-
-
-def loop(
-    door: Door, engine: Engine, recorder: RunRecorder, progress: Progress | ProgressBar
-) -> None:
-    try:
-        with Heartbeat(recorder.dir / HEARTBEAT_FILE), door.looping():
-            engine.run_loop()
-    finally:
-        progress.close()
 
 
 def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
