@@ -1,0 +1,87 @@
+"""Every rule's declaration (its file's RULES) holds up, and what is derived from the
+declarations agrees with them: the registry, the library classes and exports, the wire
+keys, the capabilities."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import fedstale
+from fedstale.common.schema import ReplyKeys, ScoreKeys, TaskKeys
+from fedstale.server_app.flower_strategy import AsyncStrategy, library_classes
+from fedstale.strategies.base import PerClientModels, Strategy, Topology
+from fedstale.strategies.registry import (
+    BUILT_IN,
+    STRATEGIES,
+    declarations,
+    declared,
+    load_config,
+    with_topology,
+)
+from fedstale.strategies.rule import Rule
+
+COMMON = {
+    v for keys in (TaskKeys, ReplyKeys, ScoreKeys) for k, v in vars(keys).items() if k.isupper()
+}
+
+
+def test_every_built_in_module_declares_its_rules_and_only_they_are_registered() -> None:
+    names = [rule.name for rule in declarations().values()]
+    assert len(names) == len(set(names)) == len(STRATEGIES) == 15
+    assert len(BUILT_IN) == 11  # one line a module; fedqs.py and pace.py declare several
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_a_rules_signals_are_among_its_declared_wire_keys(name: str) -> None:
+    rule = declarations()[name]
+    values = {"strategy": name, "num-clients": 4, "concurrency": 4, "mafsa-edges": 2}
+    run, params = load_config(values)
+    strategy = rule.strategy(run, params, np.zeros(3, np.float32))
+    assert set(strategy.signals()) <= set(rule.wire)
+    assert not set(rule.wire) & COMMON, "a rule's wire key shadows a common one"
+
+
+def test_a_wire_key_belongs_to_the_rules_of_one_file() -> None:
+    files: dict[str, set[str]] = {}
+    for rule in declarations().values():
+        for key in rule.wire:
+            files.setdefault(key, set()).add(rule.strategy.__module__)
+    shared = {key: modules for key, modules in files.items() if len(modules) > 1}
+    assert not shared
+
+
+def test_the_library_offers_exactly_the_rules_declared_with_a_library_name() -> None:
+    offered = {r.library: r.name for r in declarations().values() if r.library}
+    assert {name: cls.rule for name, cls in library_classes().items()} == offered
+    for name, rule in offered.items():
+        cls = getattr(fedstale, name)
+        assert issubclass(cls, AsyncStrategy) and cls.rule == rule and cls.__doc__
+        assert name in fedstale.__all__
+    assert {"fedpsa_mod", "fedqs_mod", "mafsa_mod", "AsyncStrategy"} <= set(fedstale.__all__)
+    assert "PACE" not in fedstale.__all__ and "LocalOnly" not in fedstale.__all__
+
+
+def test_capabilities_are_read_from_the_classes() -> None:
+    per_client = {n for n, r in declarations().items() if r.per_client_models}
+    assert per_client == {"pace", "pfedgraph-async", "local-only"}
+    assert set(with_topology()) == {"mafsa", "hierfedavg"}
+    for name, rule in declarations().items():
+        assert issubclass(rule.strategy, PerClientModels) == (name in per_client)
+        assert issubclass(rule.strategy, Topology) == rule.topology
+
+
+def test_a_declaration_that_cannot_hold_is_refused_in_one_line() -> None:
+    class NoName(Strategy):
+        def on_update(self, update, view):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    with pytest.raises(TypeError, match="has no `name`"):
+        declared((Rule(NoName),), "test")
+    with pytest.raises(TypeError, match="declares no fedstale Rule"):
+        declared((), "test")
+    pace = declarations()["pace"]
+    with pytest.raises(TypeError, match=r"its client rules .* name no mod"):
+        declared(Rule(pace.strategy, library="PACE"), "test")
+    with pytest.raises(TypeError, match="is not 'module:function'"):
+        declared(Rule(STRATEGIES["fedbuff"], mod="fedbuff_mod"), "test")
