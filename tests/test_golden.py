@@ -86,3 +86,24 @@ def test_the_comparison_is_exact_where_the_numerics_do_not_enter() -> None:
     assert (
         "relative 1e-06 > tolerance 1e-07" in compare_rows(drifted, golden, {"weight": 1e-7})[0][0]
     )
+
+
+def test_golden_bytes_names_each_file_that_changed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """bench.golden_bytes, the before/after check of a structural change: the same code
+    gives the same bytes, and one changed byte is named."""
+    from bench import golden_bytes
+
+    golden_bytes.main(["--out", str(tmp_path / "a"), "--only", "fedfa"])
+    golden_bytes.main(
+        ["--out", str(tmp_path / "b"), "--only", "fedfa", "--against", str(tmp_path / "a")]
+    )
+    assert "2 of 2 files byte-identical" in capsys.readouterr().out
+    updates = tmp_path / "a" / "fedfa.updates.jsonl"
+    updates.write_text(updates.read_text().replace('"client": ', '"client":  ', 1))
+    with pytest.raises(SystemExit, match="1"):
+        golden_bytes.main(
+            ["--out", str(tmp_path / "c"), "--only", "fedfa", "--against", str(tmp_path / "a")]
+        )
+    assert "differs: fedfa.updates.jsonl" in capsys.readouterr().out
