@@ -102,6 +102,13 @@ def test_a_broken_package_is_left_out_with_one_line(
     with rule_package(tmp_path, "no_such_module:RULES", "broken"):
         assert "fedbuff" in STRATEGIES
     assert "rule package broken (no_such_module:RULES) left out" in caplog.text
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "taken.py").write_text(MEDIAN_BUFFER.replace("median-buffer", "fedbuff"))
+    with rule_package(tmp_path / "other", "taken:RULES", "taken"):
+        assert STRATEGIES["fedbuff"].__module__ == "fedstale.strategies.fedbuff"
+    assert "rule 'fedbuff' of taken left out: fedstale.strategies.fedbuff has that name" in (
+        caplog.text
+    )
 
 
 @pytest.mark.integration

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import difflib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
 from importlib import import_module
 from importlib.metadata import entry_points
@@ -68,18 +68,19 @@ def from_packages() -> list[Rule]:
 
 @cache
 def declarations() -> dict[str, Rule]:
-    """Every rule by name: fedstale's own, then the packages' (a name taken twice is
-    an error naming both)."""
+    """Every rule by name: fedstale's own, then the packages'. A package's rule whose name
+    is taken is left out with one warning line naming both."""
     modules = [import_module(f"fedstale.strategies.{name}") for name in BUILT_IN]
-    rules = [r for module in modules for r in declared(module, module.__name__)]
-    by_name: dict[str, Rule] = {}
-    for rule in [*rules, *from_packages()]:
+    by_name = {r.name: r for module in modules for r in declared(module, module.__name__)}
+    for rule in from_packages():
         if rule.name in by_name:
-            first = by_name[rule.name].strategy
-            raise TypeError(
-                f"two rules are named '{rule.name}': {first.__module__}.{first.__name__} "
-                f"and {rule.strategy.__module__}.{rule.strategy.__name__}"
+            log.warning(
+                "rule '%s' of %s left out: %s has that name",
+                rule.name,
+                rule.strategy.__module__,
+                by_name[rule.name].strategy.__module__,
             )
+            continue
         by_name[rule.name] = rule
     return by_name
 
@@ -90,7 +91,7 @@ class Strategies(Mapping[str, type[Strategy]]):
     def __getitem__(self, name: str) -> type[Strategy]:
         return declarations()[name].strategy
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[str]:
         return iter(declarations())
 
     def __len__(self) -> int:
