@@ -1,0 +1,63 @@
+"""Central differential privacy for asynchronous releases, as plain arrays: each update's
+delta clipped to a norm C, and Gaussian noise added once per release (a buffer flush, a
+FIFO aggregation, a FedAsync step) with standard deviation z * S, where z is the noise
+multiplier and S the release's sensitivity: how far the released change of the global
+model can move when one client's update is replaced by any other update of norm <= C.
+
+Flower's fixed-clipping wrappers (flwr.serverapp.strategy) add z * C / m to the mean of m
+clipped updates; a release here is any weighted sum of clipped deltas, and S follows its
+weights:
+
+- `linear_sensitivity`: sum_i w_i d_i with weights that do not depend on the deltas
+  (FedBuff's eta/K * s(tau), SAFL FedSGD's 1/K, FedAsync's a_t, a plain mean's 1/m):
+  replacing client j's d_j moves the sum by w_j (d_j - d_j'), at most 2 |w_j| C apart for
+  replace-one neighbours and |w_j| C for add-or-remove-one (Flower's relation, whose
+  z C / m this reproduces for a mean), so S = max_j |w_j| C.
+- `convex_sensitivity`: sum_i w_i d_i whose weights themselves come from the clients'
+  data (FedPSA's softmax over sketch distances) but form a convex combination scaled by
+  `scale` (w_i >= 0, sum w_i = scale): both sums lie in the ball of radius scale * C, so
+  one client's replacement moves the release by at most 2 * scale * C, S = 2 scale C.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def clip_to(delta: np.ndarray, norm: float) -> tuple[np.ndarray, float]:
+    """`delta` scaled down to L2 norm `norm` if longer (float64 norm, float32 result), and
+    the factor applied (1.0: it was within)."""
+    if norm <= 0:
+        raise ValueError(f"clipping norm must be > 0, got {norm}")
+    length = float(np.linalg.norm(delta.astype(np.float64)))
+    factor = min(1.0, norm / length) if length > 0 else 1.0
+    return (delta * np.float32(factor)).astype(np.float32), factor
+
+
+def linear_sensitivity(weights: np.ndarray | list[float], clipping_norm: float) -> float:
+    """S of sum_i w_i d_i over deltas clipped to `clipping_norm`, weights independent of
+    the deltas (add-or-remove-one neighbours): max_i |w_i| * C."""
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.size == 0:
+        return 0.0
+    return float(np.abs(weights).max() * clipping_norm)
+
+
+def convex_sensitivity(scale: float, clipping_norm: float) -> float:
+    """S of a data-dependent convex combination of clipped deltas times `scale`:
+    2 * scale * C."""
+    return 2.0 * abs(scale) * clipping_norm
+
+
+def noise_std(noise_multiplier: float, sensitivity: float) -> float:
+    """The Gaussian mechanism's standard deviation for one release: z * S."""
+    return noise_multiplier * sensitivity
+
+
+def noised(
+    change: np.ndarray, noise_multiplier: float, sensitivity: float, rng: np.random.Generator
+) -> np.ndarray:
+    """A release's change of the global model with its Gaussian noise added (float32)."""
+    std = noise_std(noise_multiplier, sensitivity)
+    noise = rng.normal(0.0, std, size=change.shape) if std > 0 else 0.0
+    return (change.astype(np.float64) + noise).astype(np.float32)
