@@ -68,6 +68,17 @@ def score_label(metric: str, per_client: bool) -> str:
     return f"{'mean client' if per_client else 'test'} {metric_name(metric)}"
 
 
+def summary_score(summary: dict[str, Any], metric: str, which: str) -> float:
+    """summary.json's "final" or "best" score of a run scored by `metric`."""
+    return float(summary[f"{which}_{score_key(metric)}"])
+
+
+def score_words(summary: dict[str, Any], metric: str) -> str:
+    """The run's scores as the closing lines say them: "final accuracy 0.8123, best 0.8200"."""
+    final, best = (summary_score(summary, metric, which) for which in ("final", "best"))
+    return f"final {metric_name(metric)} {final:.4f}, best {best:.4f}"
+
+
 def score_row(row: dict[str, Any], metric: str) -> dict[str, Any]:
     """A metrics.jsonl row (scored as "accuracy" inside the engine) under the run's key."""
     key = score_key(metric)

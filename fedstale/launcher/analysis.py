@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import score_key
+from fedstale.common.config import score_key, summary_score
 from fedstale.server_app.results import aulc, read_jsonl
 
 # Keys that name or place a run, or only change how it is shown: never a difference in kind.
@@ -60,7 +60,7 @@ class Run:
 
     def score(self, which: str) -> float:
         """The summary's "final" or "best" score."""
-        return float(self.summary[f"{which}_{score_key(self.metric)}"])
+        return summary_score(self.summary, self.metric, which)
 
     def setting(self) -> tuple[tuple[str, str], ...]:
         return tuple(

@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, KebabModel, RunConfig, metric_name, score_key
+from fedstale.common.config import ConfigError, KebabModel, RunConfig, score_words
 from fedstale.launcher import compare, deploy
 from fedstale.launcher.launch import (
     app_defaults,
@@ -159,10 +159,8 @@ def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
         print(failure, file=sys.stderr)
         return 1
     result = json.loads((run_dir / "summary.json").read_text())
-    key = score_key(run.metric)
     print(
-        f"fedstale: {run.run_name}: final {metric_name(run.metric)} {result[f'final_{key}']:.4f}, "
-        f"best {result[f'best_{key}']:.4f}, results in {run_dir}",
+        f"fedstale: {run.run_name}: {score_words(result, run.metric)}, results in {run_dir}",
         file=sys.stderr,
     )
     return 0

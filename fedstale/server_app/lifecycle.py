@@ -26,9 +26,9 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
-    metric_name,
-    score_key,
     score_label,
+    score_words,
+    summary_score,
 )
 from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.models import ParamLayout
@@ -256,14 +256,8 @@ def finish(
 
 
 def done_line(run: RunConfig, summary: dict[str, Any], recorder: RunRecorder) -> str:
-    key = score_key(run.metric)
-    scored = math.isfinite(summary[f"final_{key}"])
-    score = (
-        f"final {metric_name(run.metric)} {summary[f'final_{key}']:.4f}, "
-        f"best {summary[f'best_{key}']:.4f}, "
-        if scored
-        else ""
-    )
+    scored = math.isfinite(summary_score(summary, run.metric, "final"))
+    score = f"{score_words(summary, run.metric)}, " if scored else ""
     return (
         f"{score}{summary['versions']} versions, {summary['updates_accepted']} updates "
         f"({summary['updates_rejected']} rejected, {summary['tasks_lost']} lost) in "
