@@ -155,15 +155,15 @@ class FlowerContract:
         start = self.starts[task.task_id]
         vector = trained - start if strategy.returns == RETURN_DELTA else trained
         self.metrics[task.task_id] = dict(reply.metrics)
-        signals = parse_signals(reply.metrics, strategy.signals())
-        seconds = float(reply.metrics.get(ReplyKeys.COMPUTE_SECONDS, 0.0))
-        sets = {name: checked_model(a, layout) for name, a in reply.sets.items()}
         return update_of(
             arrival,
             strategy,
-            Update(task.client, task.task_id, task.version, 0, int(num_examples), vector,
-                   signals, seconds, sets),
-        )  # fmt: skip
+            num_examples=int(num_examples),
+            vector=vector,
+            signals=parse_signals(reply.metrics, strategy.signals()),
+            compute_seconds=float(reply.metrics.get(ReplyKeys.COMPUTE_SECONDS, 0.0)),
+            sets={name: checked_model(a, layout) for name, a in reply.sets.items()},
+        )
 
     def require_signals(self, strategy: Strategy, reply: Reply) -> None:
         absent = sorted(set(strategy.signals()) - set(reply.metrics))

@@ -3,7 +3,10 @@ into the `Update` a strategy consumes; anything that does not hold up is an Inva
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
 
 from fedstale.common.models import ParamLayout
 from fedstale.common.schema import InvalidReply, check_arrays, parse_train_metrics
@@ -41,20 +44,41 @@ def validated(arrival: Arrival, reply: Reply, strategy: Strategy, layout: ParamL
         raise InvalidReply(f"reply carries array sets {sorted(reply.sets)}, expected {expected}")
     for arrays in (reply.arrays, *reply.sets.values()):
         check_arrays(arrays, layout.names, layout.shapes)
-    sets = {name: layout.flatten(a) for name, a in reply.sets.items()}
     return update_of(
         arrival,
         strategy,
-        Update(task.client, task.task_id, task.version, 0, metrics.num_examples,
-               layout.flatten(reply.arrays), metrics.signals, metrics.compute_seconds, sets),
-    )  # fmt: skip
+        num_examples=metrics.num_examples,
+        vector=layout.flatten(reply.arrays),
+        signals=metrics.signals,
+        compute_seconds=metrics.compute_seconds,
+        sets={name: layout.flatten(a) for name, a in reply.sets.items()},
+    )
 
 
-def update_of(arrival: Arrival, strategy: Strategy, received: Update) -> Update:
-    """The update the strategy consumes: what a contract read from the reply, with its
+def update_of(
+    arrival: Arrival,
+    strategy: Strategy,
+    *,
+    num_examples: int,
+    vector: np.ndarray,
+    signals: dict[str, Any],
+    compute_seconds: float,
+    sets: dict[str, np.ndarray],
+) -> Update:
+    """The update the strategy consumes, from what a contract read of the reply: its
     staleness in versions and in arrivals; the rule's own checks (`validate`) passed."""
     task = arrival.task
-    staleness, arrivals = arrival.version - task.version, arrival.accepted - task.accepted_before
-    update = replace(received, staleness=staleness, arrivals=arrivals)
+    update = Update(
+        client=task.client,
+        task_id=task.task_id,
+        base_version=task.version,
+        staleness=arrival.version - task.version,
+        num_examples=num_examples,
+        vector=vector,
+        signals=signals,
+        compute_seconds=compute_seconds,
+        sets=sets,
+        arrivals=arrival.accepted - task.accepted_before,
+    )
     strategy.validate(update)
     return update
