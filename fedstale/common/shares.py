@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import astuple
 from functools import cache
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -31,21 +33,28 @@ def cache_dir() -> Path | None:
     return Path(configured) if configured else None
 
 
-def _share_file(key: FederationKey, client: int, split: str) -> Path | None:
+def cached_file(dataset: str, identity: tuple[Any, ...], name: str) -> Path | None:
+    """Where the cache keeps file `name` of what `identity` determines, or None: the cache
+    is off, or the dataset is a user's loader, which may return other data for the same
+    reference (never cached)."""
     root = cache_dir()
-    # A user's loader may return other data for the same reference: never cache its shares.
-    if root is None or is_reference(key.dataset):
+    if root is None or is_reference(dataset):
         return None
-    digest = hashlib.sha256(repr((CACHE_FORMAT, astuple(key))).encode()).hexdigest()[:20]
-    return root / digest / f"{split}-{client}.npz"
+    digest = hashlib.sha256(repr((CACHE_FORMAT, identity)).encode()).hexdigest()[:20]
+    return root / digest / name
 
 
-def _store(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def store(path: Path, write: Callable[[IO[bytes]], None]) -> None:
+    """Write a cache file at once or not at all; a read-only home only costs speed."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomically(path, lambda handle: np.savez(handle, **arrays))
+        write_atomically(path, write)
     except OSError:
-        pass  # a read-only home only costs speed
+        pass
+
+
+def _share_file(key: FederationKey, client: int, split: str) -> Path | None:
+    return cached_file(key.dataset, astuple(key), f"{split}-{client}.npz")
 
 
 SHARE = ("x", "y")
@@ -70,7 +79,7 @@ def _share_arrays(
         "y": fed.y_pool[idx],
     }
     if path is not None:
-        _store(path, arrays)
+        store(path, lambda handle: np.savez(handle, **arrays))
     return arrays
 
 
