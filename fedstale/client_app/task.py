@@ -22,10 +22,18 @@ from fedstale.common.models import (
 from fedstale.common.objectives import objective
 from fedstale.common.records import ArraySets
 from fedstale.common.run_model import data_shape, run_model
-from fedstale.common.schema import RETURN_DELTA, ReplyKeys, ScoreKeys, TaskKeys, TaskSpec
+from fedstale.common.schema import (
+    CLIPPING_NORM,
+    RETURN_DELTA,
+    ReplyKeys,
+    ScoreKeys,
+    TaskKeys,
+    TaskSpec,
+)
 from fedstale.common.shares import client_data, client_holdout
 from fedstale.common.threads import on_client_threads
 from fedstale.strategies.client import LocalTask, rules_named
+from fedstale.strategies.privacy import clip_to
 from fedstale.strategies.registry import client_rules
 
 Arrays = dict[str, np.ndarray]
@@ -78,6 +86,10 @@ def train_task(
     spec = task.spec
     trained = get_flat(model)
     delta = trained - start
+    if CLIPPING_NORM in spec.extra:  # central DP with client-side clipping
+        delta, _ = clip_to(delta, float(spec.extra[CLIPPING_NORM]))
+        trained = start + delta
+        set_flat(model, trained)
     for rule in rules:
         rule.after(task, trained, delta)
     if state is not None:

@@ -145,6 +145,12 @@ class RunConfig(KebabModel):
     client_threads: int = Field(1, ge=0)
     trainer: Literal["auto", "autograd"] = "auto"
 
+    dp_clipping: Literal["server", "client"] = "server"
+    dp_noise_multiplier: float = Field(0.0, ge=0)
+    dp_clipping_norm: float = Field(0.0, ge=0)
+    dp_target_delta: float = Field(1e-5, gt=0, lt=1)
+    dp_max_epsilon: float = Field(0.0, ge=0)
+
     clock: Literal["virtual", "wall"] = "virtual"
     latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
     latency_min: float = Field(10.0, gt=0)
@@ -189,6 +195,12 @@ class RunConfig(KebabModel):
     def _consistent(self) -> RunConfig:
         _check_consistency(self)
         return self
+
+    @property
+    def clips(self) -> bool:
+        """Central DP's clipping is on (`dp-clipping-norm` > 0); noise too when
+        `dp-noise-multiplier` > 0."""
+        return self.dp_clipping_norm > 0
 
     @property
     def faults(self) -> dict[int, str]:
@@ -281,6 +293,7 @@ def _check_consistency(cfg: RunConfig) -> None:
             "test-split=local tests every client on its own held-out share; "
             "set client-val-fraction above 0 (PACE's protocol: 0.25)"
         )
+    _check_privacy(cfg)
     if cfg.prefetch and cfg.clock != "wall":
         raise ValueError("prefetch queues tasks on real nodes; it needs clock=wall")
     budgets = (
@@ -295,6 +308,16 @@ def _check_consistency(cfg: RunConfig) -> None:
             "no budget set: give max-virtual-time, max-versions, max-updates, "
             "target-accuracy or max-wall-seconds a non-zero value"
         )
+
+
+def _check_privacy(cfg: RunConfig) -> None:
+    if cfg.dp_noise_multiplier > 0 and cfg.dp_clipping_norm <= 0:
+        raise ValueError(
+            "dp-noise-multiplier needs a clipping norm: set dp-clipping-norm > 0 (the largest "
+            "L2 norm of one client's update; Flower's clipping_norm)"
+        )
+    if cfg.dp_max_epsilon > 0 and cfg.dp_noise_multiplier <= 0:
+        raise ValueError("dp-max-epsilon needs noise: set dp-noise-multiplier > 0")
 
 
 def _check_task(cfg: RunConfig) -> None:

@@ -44,6 +44,11 @@ def set_name(key: str) -> str | None:
     return key[len(prefix) :] if key.startswith(prefix) else None
 
 
+# Flower's task-config key for the clipping norm (flwr.supercore.differential_privacy): its
+# fixedclipping_mod reads it, and so does fedstale's ClientApp.
+CLIPPING_NORM = "clipping_norm"
+
+
 class TaskKeys:
     TASK_ID = "task-id"
     VERSION = "version"

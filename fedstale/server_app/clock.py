@@ -12,8 +12,10 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
+
+import numpy as np
 
 
 @dataclass
@@ -33,6 +35,7 @@ class Task:
     finishes_at: float
     deadline: float = math.inf
     sets: tuple[str, ...] = ()
+    start: np.ndarray | None = field(default=None, compare=False, repr=False)  # DP, models
 
 
 class Clock(Protocol):

@@ -19,9 +19,10 @@ import numpy as np
 from fedstale.common.config import RunConfig, score_row
 from fedstale.common.latency import LatencyProfile
 from fedstale.common.models import ParamLayout
-from fedstale.common.schema import ARRAYS, MSG_TRAIN, InvalidReply, TaskSpec
+from fedstale.common.schema import ARRAYS, MSG_TRAIN, RETURN_MODEL, InvalidReply, TaskSpec
 from fedstale.common.seeding import task_seed
 from fedstale.server_app.budgets import TIME_BUDGET, Counters, Stopwatch, spent, time_budget
+from fedstale.server_app.central_dp import CentralDP
 from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import Scoreboard
@@ -70,6 +71,7 @@ class Engine:
         client_scorer: ClientScorer | None = None,
         contract: Contract | None = None,
         nodes: Nodes | None = None,
+        privacy: CentralDP | None = None,
     ) -> None:
         self.run = run
         self.strategy = strategy
@@ -98,6 +100,7 @@ class Engine:
         self.stop_reason = ""
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
+        self.privacy = privacy
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -205,9 +208,12 @@ class Engine:
             local_steps=run.local_steps,
             optimizer=run.optimizer,
             rules=tuple(rule.name for rule in self.strategy.client_rules),
-            extra={**assignment.entries, **self.scores.task_entries()},
+            extra={**assignment.entries, **self.scores.task_entries(), **self.dp_entries()},
         )
         return replace(spec, **assignment.settings)
+
+    def dp_entries(self) -> dict[str, Any]:
+        return self.privacy.task_entries() if self.privacy is not None else {}
 
     def dispatch(self, assignment: Assignment) -> None:
         with self.watch("dispatch"):
@@ -244,10 +250,17 @@ class Engine:
                 finishes_at=self.clock.finish_time(latency),
                 deadline=time.monotonic() + timeout if timeout else math.inf,
                 sets=tuple(sorted(assignment.reply_sets)),
+                start=self.start_kept(assignment),
             )
         )
         self.strategy.on_dispatch(client)
         self.counters.dispatched += 1
+
+    def start_kept(self, assignment: Assignment) -> np.ndarray | None:
+        """The model a task starts from, kept where DP clips a returned model's delta."""
+        if self.privacy is None or self.strategy.returns != RETURN_MODEL:
+            return None
+        return np.array(assignment.models[ARRAYS], dtype=np.float32, copy=True)
 
     # ---------------------------------------------------------------- replies
     def collect(self) -> None:
@@ -344,7 +357,8 @@ class Engine:
         `on_reject`)."""
         try:
             arrival = Arrival(task, self.version, self.counters.accepted, self.book.answered)
-            return self.contract.update(arrival, reply, self.strategy, self.layout)
+            update = self.contract.update(arrival, reply, self.strategy, self.layout)
+            return update if self.privacy is None else self.privacy.clip(update, task.start)
         except InvalidReply as err:
             self.reject(task, err)
             on_reject()
@@ -388,6 +402,11 @@ class Engine:
     def apply(self, outcome: Outcome) -> None:
         """Bump the version, record the weights, supersede and replace, checkpoint."""
         if outcome.changed:
+            if self.privacy is not None:
+                self.stop_reason = (
+                    self.privacy.release_of(self.strategy, outcome, self.version + 1)
+                    or self.stop_reason
+                )
             self.version += 1
         for record in outcome.records:
             self.recorder.update(
@@ -574,6 +593,7 @@ class Engine:
             "rng": self.rng.bit_generator.state,
             "time_to_target": self.time_to_target,
             "target_hit": self.target_hit,
+            **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -585,6 +605,8 @@ class Engine:
         self.rng.bit_generator.state = state["rng"]
         self.scores.time_to_target = state["time_to_target"]
         self.scores.target_hit = state["target_hit"]
+        if self.privacy is not None and "privacy" in state:
+            self.privacy.load_state(state["privacy"])
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

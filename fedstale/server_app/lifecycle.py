@@ -33,6 +33,7 @@ from fedstale.common.config import (
 from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.models import ParamLayout
 from fedstale.server_app import checkpoint
+from fedstale.server_app.central_dp import CentralDP, check_budget, privacy_words
 from fedstale.server_app.contract import Contract
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
@@ -117,6 +118,11 @@ class Door(ABC):
     def plot_title(self, run: RunConfig) -> str:
         return run.strategy
 
+    def accountant(self, run: RunConfig) -> Any:
+        """The privacy accountant to compose the run's releases into (None: a new one from
+        the run config, when the run adds noise)."""
+        return None
+
     def looping(self) -> AbstractContextManager[Any]:
         """What holds while the engine loops."""
         return nullcontext()
@@ -153,6 +159,7 @@ def prepare(
     settings = door.settings(run, params, name)
     resumed, kept = prepare_folder(run, settings, name)
     door.refuse(run)
+    check_budget(run)
     return name, settings, resumed, kept
 
 
@@ -214,6 +221,7 @@ def build_engine(
         door.client_scorer(run),
         contract=door.contract,
         nodes=door.nodes(run),
+        privacy=CentralDP.for_run(run, door.accountant(run)),
     )
     return engine, progress
 
@@ -258,8 +266,9 @@ def finish(
 def done_line(run: RunConfig, summary: dict[str, Any], recorder: RunRecorder) -> str:
     scored = math.isfinite(summary_score(summary, run.metric, "final"))
     score = f"{score_words(summary, run.metric)}, " if scored else ""
+    privacy = f"{privacy_words(summary)}, " if privacy_words(summary) else ""
     return (
-        f"{score}{summary['versions']} versions, {summary['updates_accepted']} updates "
+        f"{score}{privacy}{summary['versions']} versions, {summary['updates_accepted']} updates "
         f"({summary['updates_rejected']} rejected, {summary['tasks_lost']} lost) in "
         f"{summary['wall_seconds']:.1f} s ({recorder.dir})"
     )

@@ -34,9 +34,15 @@ def latest_score(engine: Engine) -> str:
     library run without `evaluate_fn` scores nothing)."""
     score = engine.evaluations[-1].accuracy if engine.evaluations else math.nan
     if not math.isfinite(score):
-        return ""
+        return spent(engine)
     name = metric_name(engine.run.metric)
-    return f" {'acc' if name == 'accuracy' else name}={score:.4f}"
+    return f" {'acc' if name == 'accuracy' else name}={score:.4f}{spent(engine)}"
+
+
+def spent(engine: Engine) -> str:
+    """` eps=1.23` under DP with noise, else ""."""
+    epsilon = engine.privacy.epsilon() if engine.privacy is not None else None
+    return "" if epsilon is None else f" eps={epsilon:.3g}"
 
 
 class Progress:

@@ -51,4 +51,5 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
         **(strategy.summary() if isinstance(strategy, Topology) else {}),
+        **(engine.privacy.summary() if engine.privacy is not None else {}),
     }

@@ -56,5 +56,7 @@ RULES = (
         library="CA2FL",
         about="""CA2FL (Wang et al. 2024): FedBuff's buffer calibrated with each client's
     cached latest update.""",
+        no_dp="every flush re-releases each client's cached delta, so one update enters "
+        "many releases",
     ),
 )

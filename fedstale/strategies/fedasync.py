@@ -27,6 +27,7 @@ from fedstale.strategies.base import (
     View,
     update_record,
 )
+from fedstale.strategies.privacy import LINEAR, Release, one
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Kind, Staleness
 
@@ -91,5 +92,6 @@ RULES = (
         library="FedAsync",
         about="""FedAsync (Xie et al. 2019): every update is mixed in on arrival,
     w <- (1 - a_t) w + a_t w_i with a_t = fedasync_alpha * s(staleness).""",
+        dp=Release(LINEAR, one),  # the step a_t (w_start + d_i - w): S = a_t C
     ),
 )

@@ -4,6 +4,10 @@ A round dispatches C clients, waits for all of them, then w = sum_i n_i w_i / su
 The round barrier is the plan: nothing is dispatched while a round is open, except a
 replacement for a lost task, so that every round still closes with C updates. On the
 virtual clock a round lasts as long as its slowest sampled client.
+
+Under differential privacy (`dp-clipping-norm` > 0) every update weighs 1/C, as Flower's
+accounted FedAvg requires: a weight n_i / sum n_j moves when another client joins or
+leaves, so no bound on one client's share of the release would hold.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from fedstale.strategies.base import (
     pick_uniform,
     update_record,
 )
+from fedstale.strategies.privacy import LINEAR, Release, cohort
 from fedstale.strategies.rule import Rule
 
 
@@ -58,7 +63,7 @@ class FedAvg(Strategy):
         if len(self.received) < self.round_size:
             return Outcome()
         counts = np.array([u.num_examples for u in self.received], dtype=np.float64)
-        weights = counts / counts.sum()
+        weights = np.full(len(counts), 1 / len(counts)) if self.run.clips else counts / counts.sum()
         models = np.stack([u.vector for u in self.received]).astype(np.float64)
         self.model = (weights @ models).astype(np.float32)
         records = [update_record(u, w) for u, w in zip(self.received, weights, strict=True)]
@@ -73,5 +78,6 @@ RULES = (
         about="""FedAvg (McMahan et al. 2017) on fedstale's engine: rounds of `concurrency`
     clients, w = sum n_i w_i / sum n_i; the synchronous baseline, with results folder and
     checkpoints.""",
+        dp=Release(LINEAR, cohort),  # uniform weights under DP: S = C / m
     ),
 )

@@ -14,6 +14,7 @@ from pydantic import Field
 from fedstale.common.config import KebabModel
 from fedstale.strategies.base import Outcome, Strategy, Update, View, step_scale, update_record
 from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.privacy import LINEAR, Release
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
 
@@ -54,5 +55,6 @@ RULES = (
         library="FedBuff",
         about="""FedBuff (Nguyen et al. 2022): deltas buffered K at a time (`buffer_size`),
     each discounted by (1 + staleness)^-0.5.""",
+        dp=Release(LINEAR),  # S = eta_g C / K: the weights follow staleness, not the deltas
     ),
 )

@@ -37,5 +37,6 @@ RULES = (
         library="FedFa",
         about="""FedFa (Xu et al. 2024): a sliding window of the last K models, averaged on
     every arrival.""",
+        no_dp="each model stays in the window for K releases",
     ),
 )

@@ -45,6 +45,7 @@ from fedstale.strategies.base import (
 )
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.privacy import CONVEX, Release
 from fedstale.strategies.rule import Rule
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
@@ -303,5 +304,6 @@ RULES = (
         wire=tuple(v for k, v in vars(SignalKeys).items() if k.isupper()),
         labels="its sensitivity sketches are cross-entropy gradients",
         mod="fedstale.client_app.mods:fedpsa_mod",
+        dp=Release(CONVEX),  # softmax weights from the clients' sketches: S = 2 step C
     ),
 )

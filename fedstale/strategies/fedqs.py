@@ -32,6 +32,7 @@ from fedstale.strategies.base import (
 )
 from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.privacy import LINEAR, Release
 from fedstale.strategies.rule import Rule
 
 FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
@@ -194,6 +195,15 @@ class KFifo(Strategy[FifoParams]):
         self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
         self.newest: dict[int, np.ndarray] = {}  # fifo-update=newest: each client's latest
 
+    @classmethod
+    def check(cls, run: RunConfig, params: FifoParams) -> None:
+        if run.clips and params.fifo_update == "newest":
+            raise ValueError(
+                "fifo-update=newest aggregates a client's newest update once per entry it has "
+                "in the FIFO, so one update may enter a release more than once; differential "
+                "privacy needs fifo-update=uploaded"
+            )
+
     def queued(self, update: Update) -> Queued:
         return Queued("", None, False, self.run.lr, self.run.momentum, update)
 
@@ -346,6 +356,7 @@ class FedQSSGD(KFifo[FedQSParams]):
 
     @classmethod
     def check(cls, run: RunConfig, params: FedQSParams) -> None:
+        super().check(run, params)
         if params.fedqs_lr_min > params.fedqs_lr_max:
             raise ValueError("fedqs-lr-min is above fedqs-lr-max")
 
@@ -476,18 +487,24 @@ class FedQSAvg(FedQSSGD):
 
 FEDQS_WIRE = tuple(v for k, v in vars(RuleKeys).items() if k.startswith("FEDQS_"))
 FEDQS_LABELS = "its clients score per-class accuracy"
+FEDQS_NO_DP = (
+    "its weights and each client's learning rate follow the updates' own directions "
+    "(similarity to the global model), a sensitivity not worked out"
+)
 RULES = (
     Rule(
         SaflFedSGD,
         library="SaflFedSGD",
         about="""Semi-asynchronous FedSGD (the FedQS paper's baseline): w += (1/K) sum
     delta_i over the first K updates of a FIFO.""",
+        dp=Release(LINEAR),
     ),
     Rule(
         SaflFedAvg,
         library="SaflFedAvg",
         about="""Semi-asynchronous FedAvg (the FedQS paper's baseline): w = (1/K) sum w_i
     over the first K models of a FIFO.""",
+        dp=Release(LINEAR),
     ),
     Rule(
         FedQSSGD,
@@ -496,6 +513,7 @@ RULES = (
     (fast or slow, aligned or not) and get their own lr and momentum; flagged updates
     weighted up, w += sum p_i delta_i with p_i from the replies' num-examples. Needs
     fedstale.fedqs_mod(model_fn, data_fn) in the ClientApp.""",
+        no_dp=FEDQS_NO_DP,
         wire=FEDQS_WIRE,
         labels=FEDQS_LABELS,
         mod="fedstale.client_app.mods:fedqs_mod",
@@ -504,6 +522,7 @@ RULES = (
         FedQSAvg,
         library="FedQSAvg",
         about="""FedQS-Avg: as FedQSSGD, clients' models averaged, w = sum p_i w_i.""",
+        no_dp=FEDQS_NO_DP,
         wire=FEDQS_WIRE,
         labels=FEDQS_LABELS,
         mod="fedstale.client_app.mods:fedqs_mod",

@@ -37,5 +37,7 @@ RULES = (
         about="""HierFedAvg (Liu et al. 2020): clients average at their edge, edges at the
     cloud; every client trains at once. `edges` maps client -> edge (default: seeded equal
     groups of `mafsa_edges`).""",
+        no_dp="edge models are re-released at every cloud step (a hierarchy of releases "
+        "not worked out)",
     ),
 )

@@ -51,4 +51,4 @@ class LocalOnly(Strategy[NoParams], PerClientModels):
         return Outcome(changed=True, records=[update_record(update, 1.0)])
 
 
-RULES = (Rule(LocalOnly),)
+RULES = (Rule(LocalOnly, no_dp="each client keeps its own model; nothing is aggregated"),)

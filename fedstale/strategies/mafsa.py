@@ -115,5 +115,7 @@ RULES = (
     rho_k, an edge's share of the data, is its share of the clients.""",
         wire=tuple(v for k, v in vars(RuleKeys).items() if k.startswith("MAFSA_")),
         mod="fedstale.client_app.mods:mafsa_mod",
+        no_dp="edge models are re-released at every cloud step and stale client models "
+        "reused (a hierarchy of releases not worked out)",
     ),
 )

@@ -290,4 +290,8 @@ class PFedGraphAsync(PACE):
 
 
 WIRE = (RuleKeys.PACE_LAMBDA,)
-RULES = (Rule(PACE, wire=WIRE), Rule(PFedGraphAsync, wire=WIRE))
+PER_CLIENT = "it keeps one model per client, each released to its client"
+RULES = (
+    Rule(PACE, wire=WIRE, no_dp=PER_CLIENT),
+    Rule(PFedGraphAsync, wire=WIRE, no_dp=PER_CLIENT),
+)

@@ -21,7 +21,15 @@ weights:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
 import numpy as np
+
+from fedstale.common.config import RunConfig
+
+LINEAR = "linear"
+CONVEX = "convex"
 
 
 def clip_to(delta: np.ndarray, norm: float) -> tuple[np.ndarray, float]:
@@ -47,6 +55,42 @@ def convex_sensitivity(scale: float, clipping_norm: float) -> float:
     """S of a data-dependent convex combination of clipped deltas times `scale`:
     2 * scale * C."""
     return 2.0 * abs(scale) * clipping_norm
+
+
+def release_sensitivity(kind: str, weights: Sequence[float], clipping_norm: float) -> float:
+    """S of one release from the weights its updates got: the largest weight times C for a
+    linear release, 2 * (sum of the weights) * C for a data-dependent convex one."""
+    if kind == LINEAR:
+        return linear_sensitivity(list(weights), clipping_norm)
+    if kind == CONVEX:
+        return convex_sensitivity(float(np.sum(weights)), clipping_norm)
+    raise ValueError(f"unknown release kind '{kind}'")
+
+
+def one(run: RunConfig) -> int:
+    return 1
+
+
+def buffered(run: RunConfig) -> int:
+    return run.buffer_size
+
+
+def cohort(run: RunConfig) -> int:
+    return run.concurrency
+
+
+@dataclass(frozen=True)
+class Release:
+    """How a rule releases a new global model under DP, declared beside the rule: the
+    `kind` of its sensitivity (LINEAR or CONVEX) and how many updates one release holds
+    (`per_release(run)`: Flower's `num_sampled_clients`)."""
+
+    kind: str
+    per_release: Callable[[RunConfig], int] = buffered
+
+    def __post_init__(self) -> None:
+        if self.kind not in (LINEAR, CONVEX):
+            raise TypeError(f"Release kind must be '{LINEAR}' or '{CONVEX}', got '{self.kind}'")
 
 
 def noise_std(noise_multiplier: float, sensitivity: float) -> float:

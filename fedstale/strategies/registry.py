@@ -139,6 +139,7 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
     rule, params = rule_named(run.strategy), all_params[run.strategy]
     try:
         check_labels(rule, run)
+        check_privacy(rule, run)
         rule.strategy.check(run, params)
     except ValueError as err:
         raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
@@ -150,6 +151,16 @@ def check_labels(rule: Rule, run: RunConfig) -> None:
         raise ValueError(
             f"strategy {rule.name} needs loss=cross-entropy on class labels ({rule.labels}); "
             f"loss is '{run.loss}'"
+        )
+
+
+def check_privacy(rule: Rule, run: RunConfig) -> None:
+    if run.clips and rule.dp is None:
+        why = rule.no_dp or "it declares no release sensitivity (Rule(dp=...))"
+        able = ", ".join(name for name, r in declarations().items() if r.dp is not None)
+        raise ValueError(
+            f"strategy {rule.name} cannot take differential privacy: {why}; "
+            f"the rules that can: {able}"
         )
 
 

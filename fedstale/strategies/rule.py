@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from fedstale.strategies.base import PerClientModels, Strategy, Topology
 from fedstale.strategies.client import ClientRule
+from fedstale.strategies.privacy import Release
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,10 @@ class Rule:
     `wire`: the task-config entries and reply metrics it adds to the wire format.
     `labels`: why it needs cross-entropy on class labels ("": it does not).
     `mod`: its client half's Flower mod, as `module:function`, if it has one; `fedstale`
-    exports it under the function's name."""
+    exports it under the function's name.
+    `dp`: how it releases a model under central differential privacy (the sensitivity of
+    one release, fedstale/strategies/privacy.py); None: it cannot take DP, `no_dp` says
+    why (docs/privacy.md)."""
 
     strategy: type[Strategy]
     library: str = ""
@@ -43,6 +47,8 @@ class Rule:
     wire: tuple[str, ...] = ()
     labels: str = ""
     mod: str = ""
+    dp: Release | None = None
+    no_dp: str = ""
 
     @property
     def name(self) -> str:
@@ -74,6 +80,8 @@ class Rule:
             raise TypeError(f"{self.name}: library name '{self.library}' is not a class name")
         if self.mod and ":" not in self.mod:
             raise TypeError(f"{self.name}: mod '{self.mod}' is not 'module:function'")
+        if self.dp is not None and self.no_dp:
+            raise TypeError(f"{self.name}: declares both `dp` and why it has none (`no_dp`)")
         missing = [r.name for r in self.client_rules if self.library and not r.mod]
         if missing:
             raise TypeError(
