@@ -5,7 +5,8 @@ One import name, five layers (docs/architecture.md): `fedstale.common`,
 and `fedstale.launcher` (the `fedstale` command).
 
 For a Flower user's own apps (docs/library.md): the rules as Flower strategies,
-`from fedstale import FedBuff`, and the client halves as mods, `fedstale.fedpsa_mod`.
+`from fedstale import FedBuff`, the client halves as mods, `fedstale.fedpsa_mod`, and
+Flower's central-DP wrappers for them, `fedstale.DifferentialPrivacyServerSideFixedClipping`.
 Both are derived from the rules' declarations (fedstale/strategies/rule.py), an installed
 package's rules included, and imported on first use, so that a ClientApp importing one mod
 does not load the server's engine.
@@ -18,14 +19,20 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 LIBRARY = "fedstale.server_app.flower_strategy"
+PRIVACY = "fedstale.server_app.flower_privacy"
+DP_WRAPPERS = (
+    "DifferentialPrivacyServerSideFixedClipping",
+    "DifferentialPrivacyClientSideFixedClipping",
+)
 
 
 def exports() -> dict[str, str]:
     """Exported name -> the module holding it: the library's base class, a class per
-    rule declared with a library name, and each declared client half's Flower mod."""
+    rule declared with a library name, each declared client half's Flower mod, and the
+    central-DP wrappers with Flower's names."""
     from fedstale.strategies.registry import declarations
 
-    found = {"AsyncStrategy": LIBRARY}
+    found = {"AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY)}
     for rule in declarations().values():
         if rule.library:
             found[rule.library] = LIBRARY

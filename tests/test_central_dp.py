@@ -260,3 +260,60 @@ def test_a_local_run_reports_its_privacy_and_a_spent_budget_keeps_its_results(
     assert f"over {privacy['releases']} releases" in done.stderr
     for kept in ("metrics.jsonl", "updates.jsonl", "config.json"):
         assert (folder / kept).stat().st_size > 0
+
+
+def accountant(population: int = 6, sampling: str = "no-amplification") -> RdpAccountant:
+    return RdpAccountant(
+        PrivacyConfig(
+            target_delta=1e-5,
+            population_size=population,
+            neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
+            sampling_method=SamplingMethod(sampling),
+        )
+    )
+
+
+def test_the_library_wrappers_take_flowers_arguments_and_refuse_in_one_line() -> None:
+    from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+    import fedstale
+
+    wrapped = fedstale.DifferentialPrivacyServerSideFixedClipping(
+        fedstale.FedBuff(buffer_size=5, num_clients=6), 1.2, 0.5, 5, accountant=accountant()
+    )
+    assert wrapped.strategy.settings["dp-noise-multiplier"] == 1.2
+    assert wrapped.strategy.settings["dp-clipping"] == "server"
+    client = fedstale.DifferentialPrivacyClientSideFixedClipping(fedstale.FedAsync(), 1.0, 0.5, 1)
+    assert client.strategy.settings["dp-clipping"] == "client"
+    refused = [
+        (
+            lambda: fedstale.DifferentialPrivacyServerSideFixedClipping(fedstale.CA2FL(), 1, 1, 5),
+            "strategy ca2fl cannot take differential privacy",
+        ),
+        (
+            lambda: fedstale.DifferentialPrivacyServerSideFixedClipping(
+                fedstale.FedBuff(buffer_size=5), 1, 1, 4
+            ),
+            "num_sampled_clients=4, but FedBuff releases 5 updates at a time",
+        ),
+        (
+            lambda: fedstale.DifferentialPrivacyServerSideFixedClipping(FlowerFedAvg(), 1, 1, 4),
+            "for FedAvg use flwr.serverapp.strategy.DifferentialPrivacyServerSideFixedClipping",
+        ),
+        (
+            lambda: fedstale.DifferentialPrivacyServerSideFixedClipping(
+                fedstale.FedBuff(buffer_size=5), 1, 1, 5, accountant=accountant(sampling="poisson")
+            ),
+            "does not sample its clients uniformly at random",
+        ),
+        (
+            lambda: fedstale.DifferentialPrivacyServerSideFixedClipping(
+                fedstale.FedBuff(buffer_size=5), 1, 0, 5
+            ),
+            "clipping_norm must be > 0",
+        ),
+    ]
+    for make, message in refused:
+        with pytest.raises(ConfigError, match=message) as err:
+            make()
+        assert "\n" not in str(err.value)

@@ -21,13 +21,14 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 import fedstale
-from fedstale.common.config import ConfigError
+from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.latency import profile_for
 from fedstale.common.models import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.schema import InvalidReply, SignalKeys, TaskKeys, TaskSpec
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment
 from fedstale.launcher.launch import tool
+from fedstale.server_app.central_dp import epsilon_after
 from fedstale.server_app.clock import Task
 from fedstale.server_app.contract import FlowerContract, MissingSignal
 from fedstale.server_app.engine import Engine, EngineError
@@ -44,6 +45,7 @@ from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "async-quickstart"
 FEDPSA_EXAMPLE = ROOT / "examples" / "async-fedpsa"
+DP_EXAMPLE = ROOT / "examples" / "async-quickstart-dp"
 LAYOUT = ParamLayout(("w", "steps"), ((2, 2), (1,)))
 DTYPES = {"w": np.dtype(np.float32), "steps": np.dtype(np.int64)}
 
@@ -367,6 +369,36 @@ def test_quickstart_trains_under_fedstale_in_simulation(
     assert "aggregate_evaluate: Received 2 results and 0 failures" in output
     assert "fraction_train is set to 0.0" not in output  # the inner FedAvg's own warning
     assert (work / "final_model.pt").stat().st_size > 0
+
+
+@pytest.mark.integration
+def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
+    link_in: tuple[LocalDeployment, Path],
+) -> None:
+    """Flower's fixedclipping_mod in a ClientApp that imports nothing of fedstale, Flower's
+    RdpAccountant in fedstale's DP wrapper: every update within the norm (none rejected),
+    one release per buffer flush, the epsilon of those releases in the summary and the
+    Result."""
+    client = (DP_EXAMPLE / "asyncquickstartdp" / "client_app.py").read_text()
+    assert "fedstale" not in client.split('"""')[-1] and "fixedclipping_mod" in client
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    output = flwr_run(link.env, DP_EXAMPLE, "num-server-rounds=4")
+    run = new_run(work, before)
+    summary = json.loads((run / "summary.json").read_text())
+    privacy = summary["privacy"]
+    assert (summary["versions"], summary["updates_rejected"]) == (4, 0)
+    assert (privacy["clipping"], privacy["releases"], privacy["noise_multiplier"]) == (
+        "client",
+        4,
+        1.0,
+    )
+    run_config = RunConfig.model_validate(
+        {"num-clients": 4, "concurrency": 4, "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
+    )
+    assert privacy["epsilon"] == pytest.approx(epsilon_after(run_config, 4), rel=1e-9)
+    assert f"Privacy spent: epsilon {privacy['epsilon']:.2f} at delta 1e-05 over 4" in output
+    assert "fixedclipping_mod: parameters are clipped" in output
 
 
 @pytest.mark.integration

@@ -178,6 +178,10 @@ class CentralDP:
             return 0.0
         return float(self.accountant.get_epsilon(self.run.dp_target_delta))
 
+    def spent(self) -> Any:
+        """Flower's PrivacySpent of the releases so far."""
+        return self.accountant.get_privacy_spent()
+
     def summary(self) -> dict[str, Any]:
         run = self.run
         return {

@@ -89,6 +89,10 @@ class AsyncStrategy(FlowerStrategy):
     model at the server, FedPSA), `edges` (client -> edge, for HierFedAvg)."""
 
     rule: ClassVar[str]
+    # Set by the DP wrappers (flower_privacy.py): Flower's num_sampled_clients, checked
+    # against the rule's updates per release, and the accountant the releases compose into.
+    per_release: int | None = None
+    accountant: Any = None
 
     def __init__(
         self,
@@ -109,11 +113,16 @@ class AsyncStrategy(FlowerStrategy):
         self.edges = dict(edges or {})
         self.settings = {key.replace("_", "-"): value for key, value in settings.items()}
         self.check_client_halves()
-        placeholder = max(self.min_available_nodes, int(self.settings.get("concurrency", 2)))
-        run, _ = self.run_config(num_clients or placeholder, 1, 3600.0, {})
-        profile_for(run)  # a latency profile it cannot simulate is refused here, not at start
+        self.check_settings()
 
     # ---------------------------------------------------------------- configuration
+    def check_settings(self) -> None:
+        """Refuse here, not at start, settings that cannot run (a latency profile it cannot
+        simulate, DP on a rule that cannot take it)."""
+        placeholder = max(self.min_available_nodes, int(self.settings.get("concurrency", 10)))
+        run, _ = self.run_config(self.num_clients or placeholder, 1, 3600.0, {})
+        profile_for(run)
+
     def check_client_halves(self) -> None:
         for client_rule in STRATEGIES[self.rule].client_rules:
             if not client_rule.mod:
@@ -148,10 +157,25 @@ class AsyncStrategy(FlowerStrategy):
             "concurrency": min(wanted, num_clients),
         }
         try:
-            return load_config(values)
+            run, params = load_config(values)
         except ConfigError as err:
             message = str(err).replace(FIX_HINT, f"fix {type(self).__name__}(...)'s arguments")
             raise ConfigError(message) from None
+        self.check_release(run)
+        return run, params
+
+    def check_release(self, run: RunConfig) -> None:
+        """Flower's num_sampled_clients (the DP wrappers') is the rule's updates per release."""
+        release = rule_named(self.rule).dp
+        if self.per_release is None or release is None:
+            return
+        actual = release.per_release(run)
+        if actual != self.per_release:
+            raise ConfigError(
+                f"num_sampled_clients={self.per_release}, but {type(self).__name__} releases "
+                f"{actual} updates at a time here (buffer_size, or concurrency for FedAvg); "
+                f"pass num_sampled_clients={actual}"
+            )
 
     def summary(self) -> None:
         log.info("fedstale %s, settings %s", self.rule, self.settings or "default")
@@ -282,6 +306,14 @@ def wait_for_nodes(grid: Grid, wanted: int, settings: Mapping[str, Any]) -> int:
         time.sleep(0.5)
 
 
+@dataclass
+class AsyncResult(Result):
+    """Flower's Result, and under DP with noise the privacy spent (Flower's PrivacySpent:
+    epsilon at the target delta, the number of releases)."""
+
+    privacy: Any = None
+
+
 class ResultRecorder(RunRecorder):
     """The run folder's recorder, also keeping which tasks each version aggregated."""
 
@@ -325,7 +357,7 @@ class LibraryDoor(Door):
     arrays: dict[str, np.ndarray]
     user_config: dict[str, Any]
     evaluate_fn: EvaluateFn | None
-    result: Result = field(default_factory=Result)
+    result: AsyncResult = field(default_factory=lambda: AsyncResult())
     engine_version: int = 0
 
     def __post_init__(self) -> None:
@@ -359,6 +391,16 @@ class LibraryDoor(Door):
 
     def client_sizes(self, setup: Setup) -> np.ndarray | None:
         return None
+
+    def accountant(self, run: RunConfig) -> Any:
+        accountant = self.strategy.accountant
+        if accountant is not None and accountant.config.population_size != run.num_clients:
+            raise ConfigError(
+                f"the accountant's population_size is {accountant.config.population_size}, "
+                f"but {run.num_clients} clients take part; make PrivacyConfig("
+                f"population_size={run.num_clients}, ...)"
+            )
+        return accountant
 
     def setup(self, run: RunConfig, model: Model) -> Setup:
         """What the rule may take before the run: the layout, uniform client sizes (a
@@ -413,6 +455,8 @@ class LibraryDoor(Door):
     def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
         self.engine_version = engine.version
         self.result.arrays = array_record_of(engine.strategy.model, self.layout, self.flower)
+        if engine.privacy is not None and engine.privacy.epsilon() is not None:
+            self.result.privacy = engine.privacy.spent()
         if isinstance(recorder, ResultRecorder):
             metrics = recorder.train_metrics(self.flower.metrics)
             self.result.train_metrics_clientapp.update(metrics)

@@ -1,0 +1,1 @@
+"""asyncquickstartdp: the quickstart with central differential privacy, asynchronous."""
