@@ -3,17 +3,26 @@ noise it adds against its declared standard deviation."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import numpy as np
 import pytest
 from flwr.supercore.differential_privacy import compute_stdv
 
+from fedstale.common.schema import SignalKeys
+from fedstale.strategies.base import Update
 from fedstale.strategies.privacy import (
+    CONVEX,
+    LINEAR,
     clip_to,
     convex_sensitivity,
     linear_sensitivity,
     noise_std,
     noised,
+    release_sensitivity,
 )
+from tests.helpers import V0, run_config
 
 
 def test_a_long_delta_is_scaled_to_the_norm_and_a_short_one_kept() -> None:
@@ -67,3 +76,110 @@ def test_the_same_seed_gives_the_same_noise_and_no_noise_without_a_multiplier() 
     np.testing.assert_array_equal(first, noised(change, 1.0, 0.5, np.random.default_rng(3)))
     assert not np.array_equal(first, noised(change, 1.0, 0.5, np.random.default_rng(4)))
     np.testing.assert_array_equal(noised(change, 0.0, 0.5, np.random.default_rng(3)), change)
+
+
+# ---------------------------------------------------------------- each rule that takes DP
+C = 0.5
+DIM = 40
+
+
+def dp_rule(name: str, **overrides: Any) -> Any:
+    from fedstale.strategies.registry import STRATEGIES
+
+    run = run_config(
+        strategy=name,
+        num_clients=8,
+        concurrency=4,
+        buffer_size=4,
+        **{"dp-clipping-norm": C},
+        **overrides,
+    )
+    cls = STRATEGIES[name]
+    # FedPSA: softmax from the first flush (a queue of 1) at a low temperature, so that
+    # one sketch can move every weight
+    sharp = {"fedpsa-queue": 1, "fedpsa-gamma": 0.0, "fedpsa-delta": 0.05}
+    params = cls.Params.model_validate(sharp if name == "fedpsa" else {})
+    strategy = cls(run, params, np.zeros(DIM, np.float32))
+    if name == "fedpsa":
+        strategy.bind_sketcher(lambda flat: np.ones(3))
+    return strategy
+
+
+def batch(rng: np.random.Generator, count: int) -> list[Update]:
+    """`count` updates with deltas of norm C (random directions), random staleness and
+    sketches (the base model is 0, so a model-returning rule's model is its delta)."""
+    updates = []
+    for i in range(count):
+        delta = rng.normal(size=DIM)
+        vector = (delta * C / np.linalg.norm(delta)).astype(np.float32)
+        signals = {SignalKeys.SKETCH: rng.normal(size=3), SignalKeys.UPDATE_NORM_SQ: C * C}
+        updates.append(Update(i, i, 0, int(rng.integers(0, 5)), 10 + i, vector, signals=signals))
+    return updates
+
+
+def release(name: str, updates: list[Update]) -> tuple[np.ndarray, list[float]]:
+    """The model the rule releases after `updates` (from a fresh rule), and the weights."""
+    strategy = dp_rule(name)
+    outcome = None
+    for update in updates:
+        outcome = strategy.on_update(update, V0)
+    assert outcome is not None and outcome.changed
+    return strategy.model.astype(np.float64), [r["weight"] for r in outcome.records]
+
+
+TAKES_DP = ["fedbuff", "fedasync", "fedavg", "safl-fedsgd", "safl-fedavg", "fedpsa"]
+
+
+@pytest.mark.parametrize("name", TAKES_DP)
+def test_one_client_moves_a_release_by_at_most_its_declared_sensitivity(name: str) -> None:
+    """200 seeded releases: one client's update removed (its delta zero, as the release's
+    fixed denominator counts it) moves a linear release by at most max_i w_i C, and, for
+    FedPSA, replaced by any other update of norm <= C (its sketch too) by at most
+    2 step C. For a linear rule the bound is reached: the client with the largest weight
+    moves it by exactly S."""
+    from fedstale.strategies.registry import rule_named
+
+    kind = rule_named(name).dp.kind  # type: ignore[union-attr]
+    rng = np.random.default_rng(11)
+    per_release = 1 if name == "fedasync" else 4
+    tightest = 0.0
+    for _ in range(200):
+        updates = batch(rng, per_release)
+        released, weights = release(name, updates)
+        sensitivity = release_sensitivity(kind, weights, C)
+        j = int(np.argmax(np.abs(weights)))
+        other = batch(rng, 1)[0] if kind == CONVEX else updates[j]
+        neighbour = replace(other, client=j, task_id=j, staleness=updates[j].staleness)
+        if kind == LINEAR:
+            neighbour = replace(neighbour, vector=np.zeros(DIM, np.float32))
+        moved, _ = release(name, [*updates[:j], neighbour, *updates[j + 1 :]])
+        distance = float(np.linalg.norm(released - moved))
+        assert distance <= sensitivity * (1 + 1e-5)
+        tightest = max(tightest, distance / sensitivity)
+    assert tightest > (0.999 if kind == LINEAR else 0.5)
+
+
+@pytest.mark.parametrize("name", TAKES_DP)
+def test_each_rules_releases_get_noise_of_the_declared_deviation(name: str) -> None:
+    """2,000 releases of the rule's own outcome through CentralDP (versions 1..2000, each
+    its own seeded draw): the added noise's sample standard deviation is within 3% of
+    z * S (its standard error: 1/sqrt(2 * 80,000) = 0.25%)."""
+    from fedstale.server_app.central_dp import CentralDP
+
+    strategy = dp_rule(name, **{"dp-noise-multiplier": 1.3})
+    outcome = None
+    for update in batch(np.random.default_rng(5), 1 if name == "fedasync" else 4):
+        outcome = strategy.on_update(update, V0)
+    assert outcome is not None and outcome.changed
+    privacy = CentralDP.for_run(strategy.run)
+    assert privacy is not None
+    clean = strategy.model.copy()
+    added = []
+    for version in range(1, 2001):
+        strategy.model = clean.copy()
+        privacy.release_of(strategy, outcome, version)
+        added.append(strategy.model.astype(np.float64) - clean)
+    weights = [r["weight"] for r in outcome.records]
+    declared = 1.3 * release_sensitivity(privacy.release.kind, weights, C)
+    assert privacy.last_std == pytest.approx(declared)
+    assert np.std(added) == pytest.approx(declared, rel=0.03)
