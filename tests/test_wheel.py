@@ -9,6 +9,8 @@ import json
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from fedstale.launcher.cli import COMMANDS
 from tests.wheel_env import ROOT, elsewhere, installed, run
 
@@ -50,11 +52,16 @@ def test_the_installed_command_works_outside_the_checkout(tmp_path: Path) -> Non
     assert str(bins["newest"].parent) in imported
 
 
-def test_the_installed_command_runs_locally_into_this_directory(tmp_path: Path) -> None:
+@pytest.mark.parametrize("bound", ["newest", "lower"])
+def test_the_installed_command_runs_locally_into_this_directory(bound: str, tmp_path: Path) -> None:
+    """At both ends of the ranges, with central DP on (Flower's RdpAccountant on the
+    dp-accounting the wheel pulls in): 6 updates, 3 noised releases accounted."""
     _, bins = installed()
     here = elsewhere(tmp_path)
-    config = f"{TINY} run-name=tiny"
-    command = [bins["newest"] / "fedstale", "run", "--local", "--workers", "1"]
+    dp = "dp-noise-multiplier=1.0 dp-clipping-norm=1.0 buffer-size=2"
+    config = f"{TINY} {dp} run-name=tiny"
+    command = [bins[bound] / "fedstale", "run", "--local", "--workers", "1"]
     run([*command, "--run-config", config], 300, here)
     summary = json.loads((here / "runs" / "tiny" / "summary.json").read_text())
     assert summary["updates_accepted"] == 6
+    assert summary["privacy"]["releases"] == 3 and summary["privacy"]["epsilon"] > 0
