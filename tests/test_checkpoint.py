@@ -117,3 +117,19 @@ def test_resume_refuses_a_checkpoint_of_another_format_in_one_line(tmp_path: Pat
     checkpoint.save(saved, path)
     with pytest.raises(ConfigError, match=f"checkpoint format {checkpoint.FORMAT - 1}, this"):
         run(tmp_path, "new", **{"max-versions": 6, "resume-from": str(tmp_path / "old")})
+
+
+def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path) -> None:
+    """The accountant's ledger is in the checkpoint: the resumed run's epsilon is that of
+    all 14 releases, not of the 6 it made itself."""
+    from fedstale.server_app.central_dp import epsilon_after
+
+    dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
+    run(tmp_path, "first", strategy="fedbuff", **dp, **{"max-versions": 10})
+    first = tmp_path / "first"
+    resumed = {"max-versions": 14, "resume-from": str(first)}
+    summary, _ = run(tmp_path, "second", strategy="fedbuff", **dp, **resumed)
+    privacy = summary["privacy"]
+    config, _ = load_config({**BASE, **dp, "max-versions": 14})
+    assert privacy["releases"] == summary["versions"] == 14
+    assert privacy["epsilon"] == pytest.approx(epsilon_after(config, 14), rel=1e-12)

@@ -6,8 +6,8 @@
   e.g. Flower's `fixedclipping_mod`, told C by the task's `clipping_norm` entry);
 - every release (an Outcome that changes the global model) gets Gaussian noise of standard
   deviation z * S, S the release's sensitivity from the weights its updates got, drawn
-  from a stream seeded by (seed, version): a run replays bit for bit, and a resumed run
-  draws what it would have drawn;
+  from a stream seeded by (seed, version): a run replays bit for bit (a checkpoint keeps
+  the accountant's ledger);
 - every release is one Gaussian event for Flower's `RdpAccountant`, add-or-remove-one
   client, without amplification by sampling (an asynchronous server does not sample its
   clients uniformly at random); `dp-max-epsilon` ends the run at the last release within it.
