@@ -390,3 +390,22 @@ def test_a_late_reply_a_closed_synchronous_round_cannot_take_is_refused_with_its
         "late reply to task 1" in r.getMessage() and reason in r.getMessage()
         for r in caplog.records
     )
+
+
+def test_assigned_partitions_ask_no_node_and_name_the_client_in_every_task() -> None:
+    """node-partitions=assign: the nodes take clients 0..n-1 in node-id order, no query
+    message goes out, and every train message names its client's partition."""
+    from fedstale.common.schema import ASSIGNED_PARTITION, MSG_QUERY, TaskKeys
+    from fedstale.server_app.nodes import AssignedNodes
+
+    transport = ScriptedTransport(6, delta_reply)
+    engine = make_engine(transport)
+    engine.nodes = AssignedNodes(6)
+    engine.run_loop()
+    assert engine.counters.accepted > 0
+    assert not [kind for _, kind, _ in transport.sent if kind == MSG_QUERY]
+    tasks = [(node, config) for node, kind, config in transport.sent if kind == MSG_TRAIN]
+    assert tasks and all(
+        config[ASSIGNED_PARTITION] == transport.nodes[node] for node, config in tasks
+    )
+    assert all(TaskKeys.TASK_ID in config for _, config in tasks)

@@ -7,6 +7,7 @@ pydantic-heavy work at import), since a deployed SuperNode starts a fresh proces
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from functools import cache
 from typing import Any
 
@@ -23,7 +24,7 @@ from fedstale.common.records import (
     message_content,
     to_array_record,
 )
-from fedstale.common.schema import ARRAYS, CONFIG, ReplyKeys
+from fedstale.common.schema import ARRAYS, ASSIGNED_PARTITION, CONFIG, ReplyKeys
 
 app = ClientApp()
 STATE_KEY = "fedstale-state"  # the ArrayRecord in Context.state holding a client's kept arrays
@@ -60,7 +61,14 @@ def partition_problem(context: Context, cfg: RunConfig) -> str:
     return ""
 
 
-def partition_of(context: Context, cfg: RunConfig) -> int:
+def partition_of(context: Context, cfg: RunConfig, config: Mapping[str, Any]) -> int:
+    """The partition a message asks this node to serve: the one the server assigned
+    (node-partitions=assign, named in the message), else the node's own partition-id."""
+    assigned = config.get(ASSIGNED_PARTITION)
+    if assigned is not None:
+        if not isinstance(assigned, int) or not 0 <= assigned < cfg.num_clients:
+            raise ValueError(f"the message assigns partition {assigned!r}, not a client")
+        return assigned
     problem = partition_problem(context, cfg)
     if problem:
         raise ValueError(f"node-config: {problem}")
@@ -84,7 +92,7 @@ def query(msg: Message, context: Context) -> Message:
     problem = partition_problem(context, cfg)
     if problem:
         return _reply(msg, {}, config={ReplyKeys.PROBLEM: problem})
-    metrics = {ReplyKeys.PARTITION_ID: partition_of(context, cfg)}
+    metrics = {ReplyKeys.PARTITION_ID: partition_of(context, cfg, {})}
     if "edge-id" in context.node_config:
         metrics[ReplyKeys.EDGE_ID] = int(context.node_config["edge-id"])
     return _reply(msg, metrics)
@@ -102,7 +110,7 @@ def train(msg: Message, context: Context) -> Message:
     state = kept_state(context)
     metrics, result, outputs = train_task(
         cfg,
-        partition_of(context, cfg),
+        partition_of(context, cfg, msg.content[CONFIG]),
         msg.content[CONFIG],
         arrays,
         decode_sets(msg.content),
@@ -128,4 +136,5 @@ def evaluate_handler(msg: Message, context: Context) -> Message:
     """Score the model the message carries on this client's own held-out split."""
     cfg = run_config(context)
     arrays = from_array_record(msg.content[ARRAYS])
-    return _reply(msg, evaluate_task(cfg, partition_of(context, cfg), msg.content[CONFIG], arrays))
+    config = msg.content[CONFIG]
+    return _reply(msg, evaluate_task(cfg, partition_of(context, cfg, config), config, arrays))

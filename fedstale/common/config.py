@@ -181,6 +181,7 @@ class RunConfig(KebabModel):
     overwrite: bool = False
     prefetch: bool = False
 
+    node_partitions: Literal["ask", "assign"] = "ask"
     poll_interval: float = Field(0.02, gt=0, le=5)
     node_wait_seconds: float = Field(120.0, gt=0)
     task_ttl: float = Field(3600.0, gt=0)

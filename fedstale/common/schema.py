@@ -44,6 +44,10 @@ def set_name(key: str) -> str | None:
     return key[len(prefix) :] if key.startswith(prefix) else None
 
 
+# The partition a message's node serves it for, where the server assigns partitions
+# (node-partitions=assign): every train and evaluate message names it.
+ASSIGNED_PARTITION = "partition-id"
+
 # Flower's task-config key for the clipping norm (flwr.supercore.differential_privacy): its
 # fixedclipping_mod reads it, and so does fedstale's ClientApp.
 CLIPPING_NORM = "clipping_norm"

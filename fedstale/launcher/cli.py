@@ -99,6 +99,9 @@ def preflight(
 
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
+    # Every simulated node can load every partition: the server assigns them, and asks no
+    # node anything before its first task (unless the run config says otherwise).
+    pairs = {"node-partitions": "assign", **pairs}
     run, _, overrides = preflight(app, pairs, federation)
     cluster = ray_cluster(os.environ, federation_options(federation))
     run_dir = runs_root(run.runs_dir) / run.run_name

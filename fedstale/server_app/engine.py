@@ -101,6 +101,7 @@ class Engine:
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
         self.privacy = privacy
+        self.first_update_time: float | None = None  # Unix time of the first accepted update
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -208,7 +209,12 @@ class Engine:
             local_steps=run.local_steps,
             optimizer=run.optimizer,
             rules=tuple(rule.name for rule in self.strategy.client_rules),
-            extra={**assignment.entries, **self.scores.task_entries(), **self.dp_entries()},
+            extra={
+                **assignment.entries,
+                **self.scores.task_entries(),
+                **self.dp_entries(),
+                **self.nodes.entries(assignment.client),
+            },
         )
         return replace(spec, **assignment.settings)
 
@@ -371,6 +377,8 @@ class Engine:
         with self.watch("aggregate"):
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
             outcome = self.strategy.on_update(update, view)
+        if self.first_update_time is None:
+            self.first_update_time = time.time()
         self.counters.accepted += 1
         self.counters.client_compute_seconds += update.compute_seconds
         self.apply(outcome)

@@ -32,6 +32,7 @@ from fedstale.common.usercode import require_dataset
 from fedstale.server_app import lifecycle
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.lifecycle import Door, Model
+from fedstale.server_app.nodes import AssignedNodes, Nodes
 from fedstale.server_app.results import run_name
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.transport import Transport
@@ -131,6 +132,10 @@ class AppDoor(Door):
 
     def name(self, run: RunConfig) -> str:
         return run_name(run)
+
+    def nodes(self, run: RunConfig) -> Nodes | None:
+        """`node-partitions=assign`: partitions assigned in node order, named in messages."""
+        return AssignedNodes(run.num_clients) if run.node_partitions == "assign" else None
 
     def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
         return settings_of(run, params, name)

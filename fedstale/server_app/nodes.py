@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from fedstale.common.schema import MSG_QUERY, ReplyKeys
+from fedstale.common.schema import ASSIGNED_PARTITION, MSG_QUERY, ReplyKeys
 from fedstale.server_app.transport import Reply, Transport
 
 QUERY_TRIES = 3  # a node's partition query, failed in transit, is sent this many times
@@ -36,6 +36,10 @@ class Nodes(Protocol):
 
     def collect(self, transport: Transport) -> None: ...
 
+    def entries(self, client: int) -> dict[str, int]:
+        """What every message to `client`'s node carries for the node to serve it."""
+        ...
+
 
 @dataclass
 class ClientBook:
@@ -49,6 +53,9 @@ class ClientBook:
     @property
     def clients(self) -> list[int]:
         return sorted(self.node_of)
+
+    def entries(self, client: int) -> dict[str, int]:
+        return {}
 
     def forget(self, node: int) -> None:
         """Drop a node (gone, or no longer accepted by the SuperLink); a later refresh
@@ -151,3 +158,13 @@ class NodesInOrder(ClientBook):
 
     def collect(self, transport: Transport) -> None:
         """Nothing to collect: no node is asked anything."""
+
+
+@dataclass
+class AssignedNodes(NodesInOrder):
+    """fedstale's own ClientApps where every node can load every partition (simulation):
+    the server assigns clients to nodes in order, as NodesInOrder does, and names the
+    partition in every message, so no node is asked anything before its first task."""
+
+    def entries(self, client: int) -> dict[str, int]:
+        return {ASSIGNED_PARTITION: client}

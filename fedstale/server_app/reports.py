@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,7 @@ class ClientReports:
         self.layout = layout
         self.reported: dict[int, tuple[Score, float]] = {}  # client -> (score, when it came)
         self.asked: dict[str, Asked] = {}
+        self.entries: Callable[[int], dict[str, int]] = lambda client: {}  # Nodes.entries
         self.pending: list[Pending] = []
         self.messages = 0
         self.failures = OnceLog(log)
@@ -143,6 +144,7 @@ class ClientReports:
         the clients with a task in flight)."""
         timeout = self.run.task_timeout or self.run.task_ttl
         pending = Pending(evaluation, time.monotonic() + timeout)
+        self.entries = nodes.entries
         for client in nodes.clients:
             score = self.fresh(client, evaluation.virtual_time, client in busy)
             if score is not None:
@@ -168,7 +170,7 @@ class ClientReports:
                 return msg_id
         arrays = self.layout.unflatten(model_of(self.strategy, client))
         self.messages += 1
-        config = {TaskKeys.TASK_ID: self.messages}
+        config = {TaskKeys.TASK_ID: self.messages, **self.entries(client)}
         try:
             msg_id = self.transport.send(node, MSG_EVALUATE, config, arrays)
         except SendRefused as err:

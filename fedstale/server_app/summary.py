@@ -48,6 +48,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "wall_seconds": wall_seconds,
         "loop_seconds": loop_seconds,
         "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
+        "first_update_unix_time": engine.first_update_time,  # how soon work came back
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
         **(strategy.summary() if isinstance(strategy, Topology) else {}),
