@@ -67,17 +67,28 @@ def local_train(
         step = softmax_regression_step(model, x, y, lr, proximal_mu)
     else:
         step = autograd_step(model, x, y, lr, proximal_mu, optimiser, loss_terms, loss)
+    last_pass_loss = 0.0
+    for batches in batch_plan(len(y), epochs, batch_size, seed, steps):
+        losses = [step(idx) for idx in batches]
+        last_pass_loss = sum(losses) / max(len(losses), 1)
+    return last_pass_loss
+
+
+def batch_plan(
+    num_samples: int, epochs: int, batch_size: int, seed: int, steps: int = 0
+) -> list[list[torch.Tensor]]:
+    """The minibatches of local training, pass by pass: one seeded permutation per pass,
+    `epochs` passes, or `steps` > 0 minibatches in all (none without data)."""
     generator = torch.Generator().manual_seed(seed)
-    steps_left, passes, last_pass_loss = steps, 0, 0.0
-    while (passes < epochs) if steps <= 0 else (steps_left > 0 and len(y) > 0):
-        batches = torch.randperm(len(y), generator=generator).split(batch_size)
+    plan: list[list[torch.Tensor]] = []
+    steps_left = steps
+    while (len(plan) < epochs) if steps <= 0 else (steps_left > 0 and num_samples > 0):
+        batches = list(torch.randperm(num_samples, generator=generator).split(batch_size))
         if steps > 0:
             batches = batches[:steps_left]
             steps_left -= len(batches)
-        losses = [step(idx) for idx in batches]
-        last_pass_loss = sum(losses) / max(len(losses), 1)
-        passes += 1
-    return last_pass_loss
+        plan.append(batches)
+    return plan
 
 
 def step_count(num_samples: int, epochs: int, batch_size: int, steps: int = 0) -> int:

@@ -1,0 +1,130 @@
+"""Cohort training: the local training of several clients (one model architecture, each
+client its own parameters, data and minibatch plan) as one batched computation.
+
+`torch.func.vmap` over the clients' stacked parameters runs a step of every client in one
+call: at step t each client's own minibatch (the same seeded plan as `local_train`,
+fedstale/common/training.py `batch_plan`) is gathered and padded to the largest batch with
+a mask, so a short last batch keeps its own mean; a client whose plan has ended stays where
+it is. The update is plain minibatch SGD with an optional proximal term, the arithmetic of
+`local_train`'s autograd step; the results equal per-task training up to float summation
+order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedstale.common.training import batch_plan
+
+
+@dataclass(frozen=True)
+class Member:
+    """One client's task in a cohort: its start parameters (by name), data, optimiser
+    settings and minibatch plan's seed."""
+
+    params: dict[str, torch.Tensor]
+    x: torch.Tensor
+    y: torch.Tensor
+    epochs: int
+    batch_size: int
+    lr: float
+    seed: int
+    proximal_mu: float = 0.0
+    steps: int = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Every member's minibatches in order, and which of them belong to its last pass."""
+
+    batches: list[list[torch.Tensor]]
+    last_pass: list[int]  # index of each member's first step of its last pass
+
+    @classmethod
+    def of(cls, members: Sequence[Member]) -> Schedule:
+        batches, last_pass = [], []
+        for member in members:
+            plan = batch_plan(
+                len(member.y), member.epochs, member.batch_size, member.seed, member.steps
+            )
+            flat = [idx for one_pass in plan for idx in one_pass]
+            batches.append(flat)
+            last_pass.append(len(flat) - len(plan[-1]) if plan else 0)
+        return cls(batches, last_pass)
+
+    @property
+    def length(self) -> int:
+        return max((len(b) for b in self.batches), default=0)
+
+
+def cohort_train(
+    model: nn.Module, members: Sequence[Member]
+) -> list[tuple[dict[str, torch.Tensor], float]]:
+    """Train every member from its own start; each one's trained parameters and the mean
+    cross-entropy of its last pass over the data (as `local_train` returns it)."""
+    names = [name for name, _ in model.named_parameters()]
+    params = {n: torch.stack([m.params[n].detach() for m in members]) for n in names}
+    starts = {n: p.clone() for n, p in params.items()}
+    lrs = torch.tensor([m.lr for m in members], dtype=params[names[0]].dtype)
+    mus = torch.tensor([m.proximal_mu for m in members], dtype=lrs.dtype)
+    schedule = Schedule.of(members)
+    width = max((len(idx) for b in schedule.batches for idx in b), default=1)
+    step = vmap(grad_and_value(masked_loss(model)))
+    last_losses: list[list[float]] = [[] for _ in members]
+    for t in range(schedule.length):
+        active = torch.tensor([t < len(b) for b in schedule.batches], dtype=lrs.dtype)
+        xb, yb, mask = gathered(members, schedule, t, width)
+        grads, losses = step(params, xb, yb, mask)
+        scale = lrs * active
+        with torch.no_grad():
+            for n in names:
+                shape = (-1,) + (1,) * (params[n].dim() - 1)
+                direction = grads[n] + mus.view(shape) * (params[n] - starts[n])
+                params[n] = params[n] - scale.view(shape) * direction
+        for k, value in enumerate(losses.tolist()):
+            if schedule.last_pass[k] <= t < len(schedule.batches[k]):
+                last_losses[k].append(value)
+    return [
+        ({n: params[n][k].clone() for n in names}, sum(v) / max(len(v), 1))
+        for k, v in enumerate(last_losses)
+    ]
+
+
+def masked_loss(model: nn.Module):  # type: ignore[no-untyped-def]
+    """One client's mean cross-entropy over the unmasked rows of its padded batch."""
+
+    def loss(
+        params: dict[str, torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
+        out = functional_call(model, params, (xb,))
+        per_row = nn.functional.cross_entropy(out, yb, reduction="none")
+        return (per_row * mask).sum() / mask.sum().clamp(min=1.0)
+
+    return loss
+
+
+def gathered(
+    members: Sequence[Member], schedule: Schedule, t: int, width: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Step t's minibatch of every member, padded to `width` rows (row 0 repeated, masked
+    out); a member with no step t contributes a fully masked batch."""
+    xs, ys, masks = [], [], []
+    for member, batches in zip(members, schedule.batches, strict=True):
+        idx = batches[t] if t < len(batches) else torch.zeros(0, dtype=torch.long)
+        rows = torch.zeros(width, dtype=torch.long)
+        rows[: len(idx)] = idx
+        mask = torch.zeros(width, dtype=member.x.dtype)
+        mask[: len(idx)] = 1.0
+        if len(member.y) == 0:  # a client without data: a masked batch of zeros
+            xs.append(member.x.new_zeros((width, *member.x.shape[1:])))
+            ys.append(torch.zeros(width, dtype=member.y.dtype))
+        else:
+            xs.append(member.x[rows])
+            ys.append(member.y[rows])
+        masks.append(mask)
+    return torch.stack(xs), torch.stack(ys), torch.stack(masks)
