@@ -40,20 +40,18 @@ from tests.flower_procs import SimulationSuperLink  # noqa: E402
 BUDGETS = {"linear": 30_000.0, "lenet": 8_000.0, "cnn-mnist": 2_000.0}  # virtual time per run
 
 
-def bare_rate(config: dict[str, Any], tasks: int) -> float:
+def bare_rate(config: dict[str, Any], tasks: int, device: str = "cpu") -> float:
     """Local training tasks per second on one thread, no server, no transport."""
     run = parse_run_config(config)
-    fed = federation_of(run)
-    for client in range(run.num_clients):
-        client_data(run, client)
-    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed)
+    model, data = bare_setup(run, device)
     rng = np.random.default_rng(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        synchronize(device)
         start = time.perf_counter()
         for task in range(tasks):
-            x, y = client_data(run, int(rng.integers(run.num_clients)))
+            x, y = data[int(rng.integers(run.num_clients))]
             local_train(
                 model,
                 x,
@@ -64,9 +62,23 @@ def bare_rate(config: dict[str, Any], tasks: int) -> float:
                 seed=task,
                 closed_form=run.trainer == "auto",
             )
+        synchronize(device)
         return tasks / (time.perf_counter() - start)
     finally:
         torch.set_num_threads(threads)
+
+
+def bare_setup(run: Any, device: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
+    """The run's model and every client's training data, on `device`."""
+    fed = federation_of(run)
+    data = [tuple(t.to(device) for t in client_data(run, c)) for c in range(run.num_clients)]
+    model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed).to(device)
+    return model, data
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def simulation_summary(config: str, workdir: Path) -> dict[str, Any]:

@@ -1,0 +1,49 @@
+"""bench.gpu: its tiny variant runs every row's code path on CPU; the full one refuses a
+machine without CUDA in one line."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def bench(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "bench.gpu", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+
+
+@pytest.mark.integration
+def test_the_smoke_variant_measures_every_row_on_cpu() -> None:
+    done = bench("--smoke")
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line for line in done.stdout.splitlines() if line.startswith("| ")]
+    labels = [row.split("|")[1].strip() for row in rows]
+    for expected in (
+        "bare loop",
+        "cohort of 10",
+        "--local, 1 worker(s)",
+        "Flower simulation, num-gpus 0",
+        "library FedBuff, quickstart",
+    ):
+        assert expected in labels, done.stdout
+    rates = [float(row.split("|")[2]) for row in rows if row.split("|")[2].strip()[0].isdigit()]
+    assert len(rates) == 5 and all(rate > 0 for rate in rates)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_the_full_run_refuses_a_machine_without_cuda() -> None:
+    done = bench()
+    assert done.returncode == 2
+    assert done.stderr.strip() == ("bench.gpu: no CUDA device; run it on a GPU machine, or --smoke")
