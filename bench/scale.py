@@ -125,7 +125,7 @@ def finished(folder: Path, peak: int, launched: float) -> dict[str, Any]:
     """The run's summary, its peak memory and the seconds from launching `fedstale run` to
     the first accepted update."""
     summary = json.loads((folder / "summary.json").read_text())
-    return {"peak": peak, "first": summary["first_update_unix_time"] - launched, **summary}
+    return {"peak": peak, "launch": summary["first_update_unix_time"] - launched, **summary}
 
 
 def main() -> None:
@@ -143,7 +143,7 @@ def main() -> None:
                 result = runners[mode](clients, args.updates, Path(tmp))
                 per_1000 = result["loop_seconds"] / max(result["updates_accepted"], 1) * 1000
                 start = result["wall_seconds"] - result["loop_seconds"]
-                first = result["first"]
+                first = (result["first_update_seconds"], result["launch"])
                 rows.append((mode, clients, result["peak"] / GIB, per_1000, start, first))
     print(
         "| mode | clients | peak memory of the tree (GiB) | s per 1,000 updates | start-up s "

@@ -3,8 +3,10 @@ handler wraps it, and local running (fedstale/launcher/local.py) calls it direct
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
@@ -12,6 +14,7 @@ import numpy as np
 import torch
 
 from fedstale.client_app.faults import corrupt
+from fedstale.common.cohort import Member, cohort_train
 from fedstale.common.config import RunConfig
 from fedstale.common.models import (
     ParamLayout,
@@ -32,11 +35,12 @@ from fedstale.common.schema import (
 )
 from fedstale.common.shares import client_data, client_holdout
 from fedstale.common.threads import on_client_threads
-from fedstale.strategies.client import LocalTask, rules_named
+from fedstale.strategies.client import ClientRule, LocalTask, rules_named
 from fedstale.strategies.privacy import clip_to
 from fedstale.strategies.registry import client_rules
 
 Arrays = dict[str, np.ndarray]
+log = logging.getLogger("fedstale")
 
 
 @cache
@@ -44,6 +48,22 @@ def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
     """One model object per process and config, reloaded with each task's weights."""
     model = run_model(cfg)
     return model, ParamLayout.of(model)
+
+
+Result = tuple[dict[str, Any], Arrays, dict[str, Arrays]]
+
+
+@dataclass
+class Prepared:
+    """A task loaded and ready to train: its LocalTask (model loaded with the start), the
+    client rules it runs (their `before` done), its start, the score of the start where
+    asked, and when it began."""
+
+    task: LocalTask
+    rules: list[ClientRule]
+    start: np.ndarray
+    score: dict[str, float]
+    started: float
 
 
 @on_client_threads
@@ -54,10 +74,23 @@ def train_task(
     arrays: Mapping[str, np.ndarray],
     sets: ArraySets | None = None,
     state: MutableMapping[str, np.ndarray] | None = None,
-) -> tuple[dict[str, Any], Arrays, dict[str, Arrays]]:
+) -> Result:
     """Train from `arrays` as the task config says, running the strategy's client rules;
     returns (metrics, delta or model, other named array sets). `state` is the client's
     kept state, updated in place."""
+    ready = prepare(cfg, partition, config, arrays, sets, state)
+    loss = ready.task.train()  # with the optimiser settings a rule may have set
+    return finish(ready, get_flat(ready.task.model), loss, state)
+
+
+def prepare(
+    cfg: RunConfig,
+    partition: int,
+    config: Mapping[str, Any],
+    arrays: Mapping[str, np.ndarray],
+    sets: ArraySets | None,
+    state: MutableMapping[str, np.ndarray] | None,
+) -> Prepared:
     started = time.perf_counter()
     spec = TaskSpec.from_config(config)
     model, layout = client_model(cfg)
@@ -82,32 +115,44 @@ def train_task(
     rules = rules_named(spec.rules, client_rules())
     for rule in rules:
         rule.before(task)
-    loss = task.train()  # with the optimiser settings a rule may have set
-    spec = task.spec
-    trained = get_flat(model)
+    return Prepared(task, rules, start, score, started)
+
+
+def finish(
+    ready: Prepared,
+    trained: np.ndarray,
+    loss: float,
+    state: MutableMapping[str, np.ndarray] | None,
+    compute_seconds: float | None = None,
+) -> Result:
+    """The reply of a trained task: its client rules' `after`, the delta clipped where the
+    task says (central DP, client side), the kept state, the metrics."""
+    task, spec, start = ready.task, ready.task.spec, ready.start
     delta = trained - start
     if CLIPPING_NORM in spec.extra:  # central DP with client-side clipping
         delta, _ = clip_to(delta, float(spec.extra[CLIPPING_NORM]))
         trained = start + delta
-        set_flat(model, trained)
-    for rule in rules:
+    set_flat(task.model, trained)
+    for rule in ready.rules:
         rule.after(task, trained, delta)
     if state is not None:
         state.clear()
         state.update(task.state)
     metrics: dict[str, Any] = {
         ReplyKeys.TASK_ID: spec.task_id,
-        ReplyKeys.PARTITION_ID: partition,
-        ReplyKeys.NUM_EXAMPLES: len(y),
+        ReplyKeys.PARTITION_ID: task.partition,
+        ReplyKeys.NUM_EXAMPLES: len(task.y),
         ReplyKeys.TRAIN_LOSS: loss,
-        **score,
+        **ready.score,
         **task.signals,
     }
-    metrics[ReplyKeys.COMPUTE_SECONDS] = time.perf_counter() - started
+    seconds = time.perf_counter() - ready.started if compute_seconds is None else compute_seconds
+    metrics[ReplyKeys.COMPUTE_SECONDS] = seconds
+    layout = task.layout
     result = layout.unflatten(delta if spec.returns == RETURN_DELTA else trained)
     outputs = {name: layout.unflatten(vector) for name, vector in task.outputs.items()}
-    if spec.task_id in cfg.faults:
-        metrics, result, outputs = corrupt(cfg.faults[spec.task_id], metrics, result, outputs)
+    if spec.task_id in task.cfg.faults:
+        return corrupt(task.cfg.faults[spec.task_id], metrics, result, outputs)
     return metrics, result, outputs
 
 
@@ -145,3 +190,69 @@ def evaluate_task(
         ReplyKeys.ACCURACY: accuracy,
         ReplyKeys.LOSS: loss,
     }
+
+
+CohortJob = tuple[
+    int, Mapping[str, Any], Mapping[str, np.ndarray], ArraySets | None, MutableMapping | None
+]  # (partition, task config, arrays, sets, the client's kept state)
+_noted: set[str] = set()  # why some tasks train alone, said once per process
+
+
+def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
+    """Several clients' tasks (at most one each): those whose local training is plain
+    minibatch SGD on cross-entropy train together as one batched computation
+    (fedstale/common/cohort.py); any other trains alone, as `train_task` would, and the
+    reason is logged once. Each task of the cohort is credited an equal share of its
+    compute time."""
+    results: dict[int, Result] = {}
+    together: list[tuple[int, Prepared, dict[str, torch.Tensor]]] = []
+    for index, (partition, config, arrays, sets, state) in enumerate(jobs):
+        ready = prepare(cfg, partition, config, arrays, sets, state)
+        why = alone_because(ready)
+        if why:
+            if why not in _noted:
+                _noted.add(why)
+                log.info("trainer=cohort: %s: those tasks train one at a time", why)
+            loss = ready.task.train()
+            results[index] = finish(ready, get_flat(ready.task.model), loss, state)
+        else:
+            params = {n: p.detach().clone() for n, p in ready.task.model.named_parameters()}
+            together.append((index, ready, params))
+    if together:
+        started = time.perf_counter()
+        model = together[0][1].task.model
+        trained = cohort_train(model, [member_of(ready, params) for _, ready, params in together])
+        share = (time.perf_counter() - started) / len(together)
+        for (index, ready, _), (params, loss) in zip(together, trained, strict=True):
+            with torch.no_grad():
+                for name, p in model.named_parameters():
+                    p.copy_(params[name])
+            results[index] = finish(ready, get_flat(model), loss, jobs[index][4], share)
+    return [results[i] for i in range(len(jobs))]
+
+
+def alone_because(ready: Prepared) -> str:
+    """Why a task cannot join a cohort ("" when it can)."""
+    spec, cfg = ready.task.spec, ready.task.cfg
+    if ready.rules:
+        return f"client rules {[rule.name for rule in ready.rules]} change local training"
+    if spec.optimizer != "sgd" or spec.momentum or spec.weight_decay or spec.grad_clip:
+        return "optimiser settings beyond plain SGD (optimizer, momentum, weight-decay, grad-clip)"
+    if cfg.loss != "cross-entropy":
+        return f"loss '{cfg.loss}' (cohorts train cross-entropy)"
+    return ""
+
+
+def member_of(ready: Prepared, params: dict[str, torch.Tensor]) -> Member:
+    task, spec = ready.task, ready.task.spec
+    return Member(
+        params,
+        task.x,
+        task.y,
+        spec.local_epochs,
+        spec.batch_size,
+        spec.lr,
+        spec.seed,
+        spec.proximal_mu,
+        spec.local_steps,
+    )

@@ -143,7 +143,7 @@ class RunConfig(KebabModel):
     local_steps: int = Field(0, ge=0)
     server_step: Literal["spec", "client-lr"] = "spec"
     client_threads: int = Field(1, ge=0)
-    trainer: Literal["auto", "autograd"] = "auto"
+    trainer: Literal["auto", "autograd", "cohort"] = "auto"
 
     dp_clipping: Literal["server", "client"] = "server"
     dp_noise_multiplier: float = Field(0.0, ge=0)

@@ -60,6 +60,11 @@ from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
 from fedstale.server_app.results import runs_root
 from fedstale.strategies.registry import load_config
 
+COHORT_ELSEWHERE = (
+    "fedstale: trainer=cohort batches tasks only with `fedstale run --local`; Flower "
+    "simulation runs one ClientApp per message, so each task trains alone (with autograd)"
+)
+
 
 def flower_command(
     app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
@@ -103,6 +108,8 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
     # node anything before its first task (unless the run config says otherwise).
     pairs = {"node-partitions": "assign", **pairs}
     run, _, overrides = preflight(app, pairs, federation)
+    if run.trainer == "cohort":
+        print(COHORT_ELSEWHERE, file=sys.stderr)
     cluster = ray_cluster(os.environ, federation_options(federation))
     run_dir = runs_root(run.runs_dir) / run.run_name
     with flower_app(app) as target:
@@ -131,7 +138,7 @@ def cluster_note(address: str, own_superlink: bool) -> str:
 def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
     """The engine in this process, clients' tasks on `workers` processes (1: in this one)."""
     # The launcher joins both sides, as `flwr run` does; server_app's modules never do.
-    from fedstale.launcher.local import local_transport, pooled_transport
+    from fedstale.launcher.local import cohort_transport, local_transport, pooled_transport
     from fedstale.server_app.app import setup_logging
     from fedstale.server_app.experiment import run_experiment
 
@@ -139,10 +146,13 @@ def run_local(app: Path, pairs: dict[str, Any], workers: int) -> int:
     setup_logging()
     workers = min(workers, run.concurrency)
     run_dir = runs_root(run.runs_dir) / run.run_name
-    print(f"fedstale: {run.run_name} locally on {workers} worker(s)", file=sys.stderr)
+    where = "this process, in cohorts" if run.trainer == "cohort" else f"{workers} worker(s)"
+    print(f"fedstale: {run.run_name} locally on {where}", file=sys.stderr)
     started = time.time()
     try:
-        if workers == 1:
+        if run.trainer == "cohort":
+            run_experiment(run, params, cohort_transport(run))
+        elif workers == 1:
             run_experiment(run, params, local_transport(run))
         else:
             with pooled_transport(run, workers) as transport:

@@ -4,9 +4,9 @@ server_app never imports client_app."""
 
 from __future__ import annotations
 
-from fedstale.client_app.task import evaluate_task, train_task
+from fedstale.client_app.task import evaluate_task, train_cohort, train_task
 from fedstale.common.config import RunConfig
-from fedstale.launcher.inprocess import InProcessTransport
+from fedstale.launcher.inprocess import CohortTransport, InProcessTransport
 from fedstale.launcher.pool import PooledTransport
 
 
@@ -17,3 +17,9 @@ def local_transport(run: RunConfig) -> InProcessTransport:
 def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
     """Clients trained in `workers` processes; close it (or use `with`) when the run ends."""
     return PooledTransport(run, train_task, evaluate_task, workers)
+
+
+def cohort_transport(run: RunConfig) -> CohortTransport:
+    """`trainer=cohort`: the tasks waiting to be trained, trained together in this process
+    on `client-threads` threads (on CPU one thread ran LeNet's cohorts fastest)."""
+    return CohortTransport(run, train_cohort, evaluate_task, run.client_threads)

@@ -102,6 +102,7 @@ class Engine:
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
         self.privacy = privacy
         self.first_update_time: float | None = None  # Unix time of the first accepted update
+        self.first_update_at: float | None = None  # and its monotonic time
 
     @property
     def evaluations(self) -> list[Evaluation]:
@@ -378,7 +379,7 @@ class Engine:
             view = self.view(self.idle_clients(), self.run.concurrency - len(self.tasks))
             outcome = self.strategy.on_update(update, view)
         if self.first_update_time is None:
-            self.first_update_time = time.time()
+            self.first_update_time, self.first_update_at = time.time(), time.monotonic()
         self.counters.accepted += 1
         self.counters.client_compute_seconds += update.compute_seconds
         self.apply(outcome)

@@ -48,7 +48,13 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "wall_seconds": wall_seconds,
         "loop_seconds": loop_seconds,
         "updates_per_second": counters.accepted / max(loop_seconds, 1e-9),
-        "first_update_unix_time": engine.first_update_time,  # how soon work came back
+        # How soon work came back: seconds from the run's start (as wall_seconds), and when.
+        "first_update_seconds": (
+            wall_seconds - (time.monotonic() - engine.first_update_at)
+            if engine.first_update_at is not None
+            else None
+        ),
+        "first_update_unix_time": engine.first_update_time,
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
         **(strategy.summary() if isinstance(strategy, Topology) else {}),
