@@ -48,7 +48,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.throughput import bare_rate, bare_setup, synchronize  # noqa: E402
+from bench.throughput import bare_rate, bare_setup, local_summary, synchronize  # noqa: E402
 from fedstale.common.cohort import Member, cohort_train  # noqa: E402
 from fedstale.common.config import parse_run_config  # noqa: E402
 from fedstale.launcher.launch import parse_pairs, tool  # noqa: E402
@@ -177,22 +177,6 @@ def cohort_rate(config: dict[str, Any], tasks: int, device: str) -> float:
     return tasks / (time.perf_counter() - started)
 
 
-def local_rate(config: str, workdir: Path, workers: int) -> float:
-    from fedstale.launcher.local import local_transport, pooled_transport
-    from fedstale.server_app.experiment import run_experiment
-    from fedstale.strategies.registry import load_config
-
-    name = f"local-{workers}-{time.monotonic_ns()}"
-    values = {**parse_pairs(config), "run-name": name, "runs-dir": str(workdir / "runs")}
-    run, params = load_config(values)
-    if workers == 1:
-        summary = run_experiment(run, params, local_transport(run))
-    else:
-        with pooled_transport(run, workers) as transport:
-            summary = run_experiment(run, params, transport)
-    return float(summary["updates_per_second"])
-
-
 def simulation_rate(config: str, workdir: Path, share: float) -> float:
     """`fedstale run` in Flower simulation with `share` of a GPU per ClientApp (0: CPU)."""
     link = SimulationSuperLink(workdir / f"flwr-home-{share}").start()
@@ -251,7 +235,7 @@ def model_rows(plan: Plan, model: str, workdir: Path) -> list[Row]:
     rows.append(Row(f"cohort of {COHORT}", rate, peak))
     for workers in plan.workers:
         with GpuMemory().watch(device) as memory:
-            rate = local_rate(config, workdir, workers)
+            rate = local_summary(config, workdir / model, workers)["updates_per_second"]
         rows.append(Row(f"--local, {workers} worker(s)", rate, memory.peak))
     for share in plan.gpu_shares:
         with GpuMemory().watch(device) as memory:

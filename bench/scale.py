@@ -5,6 +5,7 @@ launch the first update is accepted (`fedstale run` assigns partitions to simula
 no node is asked anything before its first task).
 
     python -m bench.scale [--clients 1000,10000] [--updates 1000] [--modes local,simulation]
+    python -m bench.scale --clients 10000 --modes simulation --run-config node-partitions=ask
 
 Each run is FedBuff on Fashion-MNIST with the linear model, 10 clients training at once, a
 budget of `--updates` accepted updates. Memory is the sum of PSS (proportional set size:
@@ -80,11 +81,14 @@ class TreeMemory:
         self.thread.join()
 
 
+EXTRA: list[str] = []  # --run-config: pairs every run adds
+
+
 def run_config(clients: int, updates: int, runs: Path, name: str) -> str:
     return (
         f"strategy=fedbuff num-clients={clients} concurrency=10 max-updates={updates} "
         f"max-virtual-time=0 eval-interval=1000000 node-wait-seconds=1800 "
-        f"progress-interval=30 run-name={name} runs-dir={runs}"
+        f"progress-interval=30 run-name={name} runs-dir={runs} {' '.join(EXTRA)}"
     )
 
 
@@ -133,7 +137,11 @@ def main() -> None:
     parser.add_argument("--clients", default="1000,10000")
     parser.add_argument("--updates", type=int, default=1000)
     parser.add_argument("--modes", default="local,simulation")
+    parser.add_argument(
+        "--run-config", default="", help="pairs every run adds, e.g. node-partitions=ask"
+    )
     args = parser.parse_args()
+    EXTRA.append(args.run_config)
     runners = {"local": local_run, "simulation": simulation_run}
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -147,11 +155,14 @@ def main() -> None:
                 rows.append((mode, clients, result["peak"] / GIB, per_1000, start, first))
     print(
         "| mode | clients | peak memory of the tree (GiB) | s per 1,000 updates | start-up s "
-        "| first update s after launch |"
+        "| first update s after the run's start / the launch |"
     )
     print("| --- | --- | --- | --- | --- | --- |")
-    for mode, clients, peak, per_1000, start, first in rows:
-        print(f"| {mode} | {clients:,} | {peak:.2f} | {per_1000:.1f} | {start:.1f} | {first:.1f} |")
+    for mode, clients, peak, per_1000, start, (run, launch) in rows:
+        print(
+            f"| {mode} | {clients:,} | {peak:.2f} | {per_1000:.1f} | {start:.1f} "
+            f"| {run:.1f} / {launch:.1f} |"
+        )
     for mode in args.modes.split(","):
         mine = [r for r in rows if r[0] == mode]
         if len(mine) > 1:
