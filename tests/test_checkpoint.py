@@ -133,3 +133,20 @@ def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path
     config, _ = load_config({**BASE, **dp, "max-versions": 14})
     assert privacy["releases"] == summary["versions"] == 14
     assert privacy["epsilon"] == pytest.approx(epsilon_after(config, 14), rel=1e-12)
+
+
+def test_a_run_from_before_a_key_existed_resumes_at_that_keys_default(tmp_path: Path) -> None:
+    """A checkpoint's config.json without a key added since (here the dp-* keys) matches
+    this run's default for it, the behaviour every run had before; any other value of the
+    new key is refused in one line."""
+    run(tmp_path, "first", strategy="fedbuff", **{"max-versions": 8})
+    first = tmp_path / "first"
+    config = json.loads((first / "config.json").read_text())
+    for key in [k for k in config if k.startswith("dp-")]:
+        del config[key]
+    (first / "config.json").write_text(json.dumps(config))
+    resumed = {"max-versions": 10, "resume-from": str(first)}
+    summary, _ = run(tmp_path, "second", strategy="fedbuff", **resumed)
+    assert summary["versions"] == 10
+    with pytest.raises(ConfigError, match=r"dp-clipping-norm=None, this one 1\.0"):
+        run(tmp_path, "third", strategy="fedbuff", **resumed, **{"dp-clipping-norm": 1.0})

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError
+from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.files import write_atomically
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.results import CHECKPOINT_FILE
@@ -109,6 +109,7 @@ MAY_CHANGE_ON_RESUME = {
     "node-wait-seconds",
     "task-ttl",
     "task-timeout",
+    "node-partitions",  # how nodes learn their partition, not what they compute
 }
 
 
@@ -126,12 +127,20 @@ def check_resumable(checkpoint: Checkpoint, folder: Path, settings: dict[str, An
         raise ConfigError(f"resume-from: {folder} has no config.json; name the run's own folder")
     saved = json.loads(config.read_text(encoding="utf-8"))
     for key in sorted(set(settings) - MAY_CHANGE_ON_RESUME):
+        if key not in saved and settings[key] == key_default(key):
+            continue  # a key the checkpoint's run predates, at the behaviour it had then
         if saved.get(key) != settings.get(key):
             raise ConfigError(
                 f"resume-from: the checkpoint's run had {key}={saved.get(key)!r}, this one "
                 f"{settings.get(key)!r}; resume with the same settings (only budgets, pacing, "
                 "devices and where results go may change)"
             )
+
+
+def key_default(key: str) -> Any:
+    """A run-config key's default (a strategy's own key: None)."""
+    field = RunConfig.model_fields.get(key.replace("-", "_"))
+    return field.default if field is not None else None
 
 
 def restore(engine: Engine, checkpoint: Checkpoint) -> None:
