@@ -23,6 +23,7 @@ from fedstale.common.schema import (
 )
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.evaluation import Scoreboard
+from fedstale.server_app.nodes import NodeBook
 from fedstale.server_app.transport import Reply, SendRefused
 from fedstale.strategies.base import (
     Assignment,
@@ -669,7 +670,7 @@ def test_a_training_client_counts_with_its_last_score_and_gets_no_evaluate_messa
     for client in (0, 1):
         task = Task(client, client, 10 + client, f"t{client}", 0, 0, 0.0, 5.0)
         reports.take(task, {ScoreKeys.ACCURACY: 0.5 + client / 10, ScoreKeys.LOSS: 1.0}, 0.0)
-    nodes = SimpleNamespace(clients=[0, 1], node_of={0: 10, 1: 11})
+    nodes = NodeBook(2, node_of={0: 10, 1: 11})
     evaluation = Evaluation(25.0, 0.0, 3, float("nan"), float("nan"), 4)
     reports.start(evaluation, nodes, frozenset({0}))  # type: ignore[arg-type]
     assert transport.sent == [11]
@@ -691,7 +692,7 @@ def test_a_training_client_with_no_score_yet_is_scored_by_its_train_reply() -> N
     model = SimpleNamespace(model=np.zeros(LAYOUT.total, np.float32))
     transport = RecordingSends()
     reports = ClientReports(run, model, transport, LAYOUT)  # type: ignore[arg-type]
-    nodes = SimpleNamespace(clients=[0, 1, 2], node_of={0: 10, 1: 11, 2: 12})
+    nodes = NodeBook(3, node_of={0: 10, 1: 11, 2: 12})
     evaluation = Evaluation(0.0, 0.0, 0, float("nan"), float("nan"), 0)
     reports.start(evaluation, nodes, frozenset({0, 1, 2}))  # type: ignore[arg-type]
     assert transport.sent == []
