@@ -116,7 +116,9 @@ def simulation_run(clients: int, updates: int, work: Path) -> dict[str, Any]:
     link = SimulationSuperLink(work / f"flwr-home-{clients}").start()
     try:
         command = [tool("fedstale"), "run", "--app", str(ROOT), "--superlink", CONNECTION]
-        command += ["--run-config", run_config(clients, updates, work, name)]
+        # --superlink: fedstale run cannot tell this SuperLink simulates; say so.
+        config = f"node-partitions=assign {run_config(clients, updates, work, name)}"
+        command += ["--run-config", config]
         assert link.link.superlink is not None
         launched = time.time()
         peak = measure(command, link.env, [link.link.superlink.pid])

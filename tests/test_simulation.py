@@ -33,7 +33,9 @@ def test_tiny_run_beats_chance_and_replays_identically(
 ) -> None:
     first, first_dir = fedstale_run(superlink, tmp_path, "a", TINY + " seed=5")
     assert first.returncode == 0, first.stderr[-3000:]
-    second, second_dir = fedstale_run(superlink, tmp_path, "b", TINY + " seed=5")
+    # The replay assigns partitions to nodes (no query message) and is the same run.
+    assigned = TINY + " seed=5 node-partitions=assign"
+    second, second_dir = fedstale_run(superlink, tmp_path, "b", assigned)
     assert second.returncode == 0, second.stderr[-3000:]
 
     summary = json.loads((first_dir / "summary.json").read_text())
@@ -49,6 +51,9 @@ def test_tiny_run_beats_chance_and_replays_identically(
     assert metrics_a == without_wall(read_jsonl(second_dir / "metrics.jsonl"))
     assert len(metrics_a) == 13  # t = 0, 250, ..., 3000
     assert read_jsonl(first_dir / "updates.jsonl") == read_jsonl(second_dir / "updates.jsonl")
+    said, replayed = first.stdout + first.stderr, second.stdout + second.stderr
+    assert "serves client" in said and "serves client" not in replayed
+    assert "10 nodes assigned clients 0..9 in node-id order" in replayed
 
     # The same engine and client code in one process, without Flower: the same run.
     values = {**parse_pairs(TINY + " seed=5"), "run-name": "c", "runs-dir": str(tmp_path)}

@@ -104,9 +104,11 @@ def preflight(
 
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
-    # Every simulated node can load every partition: the server assigns them, and asks no
-    # node anything before its first task (unless the run config says otherwise).
-    pairs = {"node-partitions": "assign", **pairs}
+    # On the simulation it starts itself every node can load every partition: the server
+    # assigns them and asks no node anything before its first task (unless the run config
+    # says otherwise). A SuperLink named by --superlink may be a deployment's: nodes asked.
+    if not superlink:
+        pairs = {"node-partitions": "assign", **pairs}
     run, _, overrides = preflight(app, pairs, federation)
     if run.trainer == "cohort":
         print(COHORT_ELSEWHERE, file=sys.stderr)

@@ -144,6 +144,7 @@ class NodesInOrder(ClientBook):
         online = set(transport.node_ids())
         lost = self.forget_gone(online)
         self.spare &= online
+        taken = []
         for node in sorted(online - set(self.client_of)):
             free = [c for c in range(self.num_clients) if c not in self.node_of]
             if not free:
@@ -153,8 +154,13 @@ class NodesInOrder(ClientBook):
                 continue
             self.spare.discard(node)
             self.client_of[node], self.node_of[free[0]] = free[0], node
-            log.info("node %d serves client %d", node, free[0])
+            taken.append((node, free[0]))
+        self.announce(taken)
         return lost
+
+    def announce(self, taken: list[tuple[int, int]]) -> None:
+        for node, client in taken:
+            log.info("node %d serves client %d", node, client)
 
     def collect(self, transport: Transport) -> None:
         """Nothing to collect: no node is asked anything."""
@@ -168,3 +174,14 @@ class AssignedNodes(NodesInOrder):
 
     def entries(self, client: int) -> dict[str, int]:
         return {ASSIGNED_PARTITION: client}
+
+    def announce(self, taken: list[tuple[int, int]]) -> None:
+        """One line however many nodes (10,000 in a large simulation)."""
+        if taken:
+            clients = sorted(client for _, client in taken)
+            log.info(
+                "%d nodes assigned clients %d..%d in node-id order (node-partitions=assign)",
+                len(taken),
+                clients[0],
+                clients[-1],
+            )
