@@ -19,6 +19,7 @@ def engine_at(clock: float, accepted: int, version: int, **budgets: float) -> Si
         version=version,
         clock=SimpleNamespace(now=lambda: clock),
         wall_start=time.monotonic(),
+        privacy=None,
     )
 
 
@@ -47,8 +48,10 @@ def test_the_bar_only_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    def line(metric: str, scores: list[float]) -> str:
+    def line(metric: str, scores: list[float], epsilon: float | None = None) -> str:
         engine = engine_at(250, 6, 3, max_virtual_time=1000, metric=metric)
+        if epsilon is not None:
+            engine.privacy = SimpleNamespace(epsilon=lambda: epsilon)
         engine.strategy = "fedbuff"  # type: ignore[attr-defined]
         engine.counters = SimpleNamespace(accepted=6, rejected=0, failed=0)
         engine.evaluations = [SimpleNamespace(accuracy=s) for s in scores]
@@ -62,3 +65,5 @@ def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
     assert " neg-mse=-1.0654 " in regression and "acc" not in regression
     unscored = line("accuracy", [float("nan")])  # a library run without evaluate_fn
     assert "nan" not in unscored and "acc" not in unscored and "lost=0 " in unscored
+    assert " acc=0.8123 eps=12.3 " in line("accuracy", [0.8123], epsilon=12.34)  # under DP
+    assert " eps=1.5 " in line("accuracy", [float("nan")], epsilon=1.5)
