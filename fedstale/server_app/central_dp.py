@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from typing import Any
 
@@ -26,8 +25,6 @@ from fedstale.common.schema import CLIPPING_NORM, InvalidReply
 from fedstale.strategies.base import Outcome, Strategy, Update
 from fedstale.strategies.privacy import Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
-
-log = logging.getLogger("fedstale")
 
 NOISE_STREAM = 0xD9
 CLIENT_SLACK = 1e-4  # relative: a client's float32 clip may land a hair above C
@@ -90,8 +87,8 @@ def releases_within(run: RunConfig, ceiling: int = 10**9) -> int:
 
 def check_budget(run: RunConfig) -> None:
     """Refuse, before the run, a budget that not even one release fits in."""
-    if run.dp_max_epsilon and releases_within(run) == 0:
-        first = epsilon_after(run, 1)
+    first = epsilon_after(run, 1) if run.dp_max_epsilon else 0.0
+    if first > run.dp_max_epsilon:  # no release fits: releases_within would say 0
         raise ConfigError(
             f"run config: dp-max-epsilon {run.dp_max_epsilon:g} is below the epsilon of one "
             f"release ({first:.3g} at dp-target-delta {run.dp_target_delta:g} with "
