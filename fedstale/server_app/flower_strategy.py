@@ -357,7 +357,7 @@ class LibraryDoor(Door):
     arrays: dict[str, np.ndarray]
     user_config: dict[str, Any]
     evaluate_fn: EvaluateFn | None
-    result: AsyncResult = field(default_factory=lambda: AsyncResult())
+    result: AsyncResult = field(default_factory=AsyncResult)
     engine_version: int = 0
 
     def __post_init__(self) -> None:
