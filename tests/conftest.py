@@ -49,3 +49,12 @@ def superlink(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulationSu
     link = SimulationSuperLink(Path(tmp_path_factory.mktemp("flwr-home"))).start()
     yield link
     link.stop()
+
+
+@pytest.fixture
+def in_a_clientapp(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The identity Flower gives a ClientApp's process (a Message needs it)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_run_id", "_node_id", "_task_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)

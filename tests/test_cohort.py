@@ -7,12 +7,27 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from flwr.app import Context, Message, MetricRecord, RecordDict
 
 from fedstale.common.cohort import Member, cohort_train
+from fedstale.common.config import parse_run_config
 from fedstale.common.models import LeNet
+from fedstale.common.records import cohort_content, cohort_parts, message_content
+from fedstale.common.schema import (
+    ASSIGNED_PARTITION,
+    METRICS,
+    MSG_COHORT,
+    MSG_TRAIN,
+    ReplyKeys,
+    TaskKeys,
+    TaskSpec,
+)
 from fedstale.common.training import local_train
+from fedstale.server_app.cohorts import CohortGridTransport, grid_transport, part_of
+from fedstale.server_app.transport import GridTransport, Reply
 
 
 def members(model: torch.nn.Module) -> list[Member]:
@@ -108,3 +123,108 @@ def test_a_rule_with_a_client_half_trains_alone_and_says_so(
     summary = run_experiment(run, params, cohort_transport(run))
     assert summary["versions"] == 3 and summary["updates_rejected"] == 0
     assert "trainer=cohort: client rules ['fedpsa-sketch'] change local training" in caplog.text
+
+
+class ClientAppGrid:
+    """Flower's InMemoryGrid in miniature: pushed messages get ids and run fedstale's
+    ClientApp at once (every node can load every partition); pulls hand their replies out."""
+
+    def __init__(self, run_config: dict) -> None:
+        self.run_config = run_config
+        self.pushed: list[Message] = []
+        self.replies: dict[str, Message] = {}
+
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        from fedstale.client_app.app import app
+
+        ids = []
+        for message in messages:
+            message.metadata.__dict__["_message_id"] = f"m{len(self.pushed)}"
+            self.pushed.append(message)
+            context = Context(1, message.metadata.dst_node_id, {}, RecordDict(), self.run_config)
+            self.replies[message.metadata.message_id] = app(message, context)
+            ids.append(message.metadata.message_id)
+        return ids
+
+    def pull_messages(self, msg_ids: list[str]) -> list[Message]:
+        return [self.replies.pop(m) for m in list(msg_ids) if m in self.replies]
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_cohort_messages_train_their_tasks_as_each_would_alone() -> None:
+    """The server's cohort transport: tasks wait until the engine needs a reply, then go in
+    one train.cohort message (a client's second task waits for the next one); a task that
+    cannot join goes alone at once; each reply equals that task trained by itself."""
+    from fedstale.client_app.task import client_model, train_task
+    from fedstale.common.models import get_flat
+
+    values = {"dataset": "digits", "num-clients": 4, "concurrency": 4, "trainer": "cohort"}
+    cfg = parse_run_config(values)
+    grid = ClientAppGrid(values)
+    transport = CohortGridTransport(GridTransport(grid, ttl=60.0), cfg.loss)
+    model, layout = client_model(cfg)
+    arrays = layout.unflatten(get_flat(model))
+
+    def task(task_id: int, partition: int, **spec: object) -> dict:
+        config = TaskSpec(task_id, 0, 0.05, 1, 16, task_id, **spec).to_config()  # type: ignore[arg-type]
+        return {**config, ASSIGNED_PARTITION: partition}
+
+    configs = [task(0, 2), task(1, 3), task(2, 2), task(3, 1, momentum=0.9)]
+    sent = [transport.send(1000 + c[ASSIGNED_PARTITION], MSG_TRAIN, c, arrays) for c in configs]
+    assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN]  # the momentum task
+    transport.wait(0.0)
+    transport.wait(0.0)
+    assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN, MSG_COHORT, MSG_COHORT]
+    assert transport.sizes == [2, 1]
+    replies = {r.msg_id: r for r in transport.receive(sent)}
+    assert sorted(replies) == sorted(sent)
+    for msg_id, config in zip(sent, configs, strict=True):
+        reply = replies[msg_id]
+        assert not reply.invalid and reply.error_code is None
+        metrics, delta, _ = train_task(cfg, config[ASSIGNED_PARTITION], config, arrays)
+        assert reply.metrics[ReplyKeys.TASK_ID] == config[TaskKeys.TASK_ID]
+        assert reply.metrics[ReplyKeys.TRAIN_LOSS] == pytest.approx(
+            metrics[ReplyKeys.TRAIN_LOSS], rel=1e-5
+        )
+        assert reply.arrays is not None
+        for name, values_alone in delta.items():
+            np.testing.assert_allclose(reply.arrays[name], values_alone, rtol=1e-4, atol=1e-6)
+
+
+def test_a_malformed_or_failed_cohort_reply_answers_each_of_its_tasks() -> None:
+    content = cohort_content([message_content(None, metrics={"loss": 1.0})])
+    assert [dict(p[METRICS]) for p in cohort_parts(content) or []] == [{"loss": 1.0}]
+    content["5/metrics"] = MetricRecord({})
+    with pytest.raises(ValueError, match="of 1 parts holds the record '5/metrics'"):
+        cohort_parts(content)
+    assert cohort_parts(message_content({"a": 1})) is None  # a plain task's content
+    short = Reply("m", parts=[Reply("", metrics={"loss": 1.0})])
+    assert part_of(short, 1, 2, "t").invalid == "a cohort of 2 tasks answered 1"
+    assert part_of(short, 0, 1, "t") == Reply("t", metrics={"loss": 1.0})
+    failed = Reply("m", error_code=2, error="ClientApp raised")
+    assert part_of(failed, 1, 2, "t") == Reply("t", error_code=2, error="ClientApp raised")
+    assert part_of(Reply("m", invalid="bad"), 0, 1, "t").invalid == "its cohort's reply: bad"
+
+
+class PushedOnly(ClientAppGrid):
+    def push_messages(self, messages: list[Message]) -> list[str]:
+        self.pushed += messages
+        return [f"m{len(self.pushed)}"]
+
+
+@pytest.mark.usefixtures("in_a_clientapp")
+def test_cohorts_form_only_where_every_partition_is_on_the_box(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A deployment (not Flower's InMemoryGrid) trains per task, and so does a simulation
+    whose tasks name no partition (node-partitions=ask); each said in one line."""
+    cfg = parse_run_config({"trainer": "cohort", "num-clients": 10})
+    assert type(grid_transport(ClientAppGrid({}), cfg)) is GridTransport  # type: ignore[arg-type]
+    assert "a deployment's node holds only its own client's data" in caplog.text
+    grid = PushedOnly({})
+    transport = CohortGridTransport(GridTransport(grid, ttl=60.0), cfg.loss)
+    config = TaskSpec(0, 0, 0.05, 1, 16, 0).to_config()
+    assert transport.send(1000, MSG_TRAIN, config, {}) == "m1"  # sent alone, at once
+    assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN]
+    assert "the tasks name no partition (node-partitions=ask)" in caplog.text
+    assert transport.waiting == []

@@ -22,7 +22,6 @@ from fedstale.common.sensitivity import model_sketch, self_labelled, sketch_for_
 from fedstale.strategies.fedpsa import FedPSA, FedPSAParams
 from fedstale.strategies.registry import load_config
 from tests.helpers import bind_server, run_config
-from tests.test_library import in_a_clientapp  # noqa: F401  (a fixture)
 
 SHAPE = (1, 8, 8)
 

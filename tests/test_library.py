@@ -214,15 +214,6 @@ def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
         fedstale.FedBuff().configure_train(1, ArrayRecord(), ConfigRecord(), None)  # type: ignore[arg-type]
 
 
-@pytest.fixture
-def in_a_clientapp(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The identity Flower gives a ClientApp's process (a reply Message needs it)."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    for name in ("_run_id", "_node_id", "_task_id"):
-        monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
-
-
 @pytest.mark.usefixtures("in_a_clientapp")
 def test_the_fedpsa_mod_adds_what_the_server_checks() -> None:
     """The mod's sketch and ||delta||^2 pass FedPSA's own reply checks."""

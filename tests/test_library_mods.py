@@ -41,7 +41,6 @@ from tests.test_library import (  # noqa: F401 (fixtures)
     LAYOUT,
     QUICKSTART,
     flwr_run,
-    in_a_clientapp,
     link_in,
     names_untouched,
     new_run,

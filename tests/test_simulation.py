@@ -15,6 +15,7 @@ from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
 from tests.flower_procs import CONNECTION, SimulationSuperLink
+from tests.goldens import differences, golden_values, without_wall_time
 from tests.helpers import UNKNOWN_STRATEGY
 
 pytestmark = pytest.mark.integration
@@ -254,3 +255,24 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
     finally:
         stop_tree(theirs)
     assert flower_processes() - before == set()
+
+
+def test_cohort_training_in_flower_simulation_matches_the_golden_run(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    """trainer=cohort in Flower simulation: FedBuff's golden config trains its tasks in
+    train.cohort messages, and its results are the golden per-task run's within the golden
+    tolerances, field by field."""
+    values = golden_values("fedbuff", tmp_path)
+    config = " ".join(f"{k}={v}" for k, v in values.items() if k not in ("run-name", "runs-dir"))
+    result, run_dir = fedstale_run(
+        superlink, tmp_path, "fedbuff", f"{config} trainer=cohort node-partitions=assign"
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = result.stdout + result.stderr
+    assert "trainer=cohort: 10 tasks train together in one message to node" in said
+    produced = {
+        "metrics.jsonl": without_wall_time((run_dir / "metrics.jsonl").read_text()),
+        "updates.jsonl": (run_dir / "updates.jsonl").read_text(),
+    }
+    assert differences("fedbuff", produced) == []

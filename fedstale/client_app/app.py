@@ -15,10 +15,12 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from fedstale.client_app.task import evaluate_task, train_task
+from fedstale.client_app.task import evaluate_task, train_cohort, train_task
 from fedstale.common.config import RunConfig, parse_run_config
 from fedstale.common.records import (
     ArraySets,
+    cohort_content,
+    cohort_parts,
     decode_sets,
     from_array_record,
     message_content,
@@ -120,6 +122,29 @@ def train(msg: Message, context: Context) -> Message:
         context.state[STATE_KEY] = to_array_record(state)
     time.sleep(injected_delay(context))
     return _reply(msg, metrics, result, outputs)
+
+
+@app.train("cohort")
+def train_together(msg: Message, context: Context) -> Message:
+    """A cohort of tasks (trainer=cohort in simulation, fedstale/server_app/cohorts.py), each
+    naming its partition, trained together; one reply part per task, in order."""
+    cfg = run_config(context)
+    parts = cohort_parts(msg.content) or []
+    jobs = [
+        (
+            partition_of(context, cfg, part[CONFIG]),
+            part[CONFIG],
+            from_array_record(part[ARRAYS]),
+            decode_sets(part),
+            None,  # tasks that keep client state train alone on their own node
+        )
+        for part in parts
+    ]
+    replies = [
+        message_content(None, result, outputs, metrics)
+        for metrics, result, outputs in train_cohort(cfg, jobs)
+    ]
+    return Message(cohort_content(replies), reply_to=msg)
 
 
 def injected_delay(context: Context) -> float:

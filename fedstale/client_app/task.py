@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fedstale.client_app.faults import corrupt
-from fedstale.common.cohort import Member, cohort_train
+from fedstale.common.cohort import Member, cohort_train, solo_reason
 from fedstale.common.config import RunConfig
 from fedstale.common.models import (
     ParamLayout,
@@ -198,6 +198,7 @@ CohortJob = tuple[
 _noted: set[str] = set()  # why some tasks train alone, said once per process
 
 
+@on_client_threads
 def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
     """Several clients' tasks (at most one each): those whose local training is plain
     minibatch SGD on cross-entropy train together as one batched computation
@@ -208,7 +209,7 @@ def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
     together: list[tuple[int, Prepared, dict[str, torch.Tensor]]] = []
     for index, (partition, config, arrays, sets, state) in enumerate(jobs):
         ready = prepare(cfg, partition, config, arrays, sets, state)
-        why = alone_because(ready)
+        why = solo_reason(ready.task.spec, cfg.loss)
         if why:
             if why not in _noted:
                 _noted.add(why)
@@ -229,18 +230,6 @@ def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
                     p.copy_(params[name])
             results[index] = finish(ready, get_flat(model), loss, jobs[index][4], share)
     return [results[i] for i in range(len(jobs))]
-
-
-def alone_because(ready: Prepared) -> str:
-    """Why a task cannot join a cohort ("" when it can)."""
-    spec, cfg = ready.task.spec, ready.task.cfg
-    if ready.rules:
-        return f"client rules {[rule.name for rule in ready.rules]} change local training"
-    if spec.optimizer != "sgd" or spec.momentum or spec.weight_decay or spec.grad_clip:
-        return "optimiser settings beyond plain SGD (optimizer, momentum, weight-decay, grad-clip)"
-    if cfg.loss != "cross-entropy":
-        return f"loss '{cfg.loss}' (cohorts train cross-entropy)"
-    return ""
 
 
 def member_of(ready: Prepared, params: dict[str, torch.Tensor]) -> Member:

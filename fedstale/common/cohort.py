@@ -12,14 +12,52 @@ order.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedstale.common.schema import TaskSpec
 from fedstale.common.training import batch_plan
+
+log = logging.getLogger("fedstale")
+Task = TypeVar("Task")
+_together_said: list[int] = []
+
+
+def solo_reason(spec: TaskSpec, loss: str) -> str:
+    """Why a task trains alone rather than in a cohort ("" when it can join one): the
+    server asks before it groups tasks, the ClientApp again before it trains them."""
+    if spec.rules:
+        return f"client rules {list(spec.rules)} change local training"
+    if spec.optimizer != "sgd" or spec.momentum or spec.weight_decay or spec.grad_clip:
+        return "optimiser settings beyond plain SGD (optimizer, momentum, weight-decay, grad-clip)"
+    if loss != "cross-entropy":
+        return f"loss '{loss}' (cohorts train cross-entropy)"
+    return ""
+
+
+def first_of_each(
+    tasks: list[Task], client_of: Callable[[Task], int]
+) -> tuple[list[Task], list[Task]]:
+    """The tasks waiting to train split into a cohort (each client's first, in order) and
+    those that wait for a later one (a client's next task starts from its kept state)."""
+    cohort, later, clients = [], [], set()
+    for task in tasks:
+        (later if client_of(task) in clients else cohort).append(task)
+        clients.add(client_of(task))
+    return cohort, later
+
+
+def said_together(size: int, where: str) -> None:
+    """The first cohort of more than one task, said once per process."""
+    if size > 1 and not _together_said:
+        _together_said.append(size)
+        log.info("trainer=cohort: %d tasks train together %s", size, where)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,15 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedstale.common.schema import ARRAYS, CONFIG, METRICS, set_key, set_name
+from fedstale.common.schema import (
+    ARRAYS,
+    COHORT,
+    COHORT_SIZE,
+    CONFIG,
+    METRICS,
+    set_key,
+    set_name,
+)
 
 ArraySets = Mapping[str, Mapping[str, np.ndarray]]  # set name -> state-dict-like arrays
 
@@ -53,3 +61,34 @@ def decode_sets(content: RecordDict) -> dict[str, dict[str, np.ndarray]]:
             raise TypeError(f"'{key}' is not an ArrayRecord")
         sets[name] = from_array_record(record)
     return sets
+
+
+def cohort_content(parts: list[RecordDict]) -> RecordDict:
+    """Several tasks' (or replies') contents in one message: part i's records under keys
+    "i/<key>", and their count in the ConfigRecord COHORT."""
+    content = RecordDict()
+    content[COHORT] = ConfigRecord({COHORT_SIZE: len(parts)})
+    for index, part in enumerate(parts):
+        for key, record in part.items():
+            content[f"{index}/{key}"] = record
+    return content
+
+
+def cohort_parts(content: RecordDict) -> list[RecordDict] | None:
+    """The parts of a cohort message in order, or None when `content` is not one; raises
+    ValueError when its keys do not match its count."""
+    header = content.get(COHORT)
+    if not isinstance(header, ConfigRecord):
+        return None
+    size = header.get(COHORT_SIZE)
+    if not isinstance(size, int) or size < 0:
+        raise ValueError(f"a cohort message's size is {size!r}, not a count")
+    parts = [RecordDict() for _ in range(size)]
+    for key in content:
+        if key == COHORT:
+            continue
+        index, _, inner = key.partition("/")
+        if not index.isdigit() or int(index) >= size or not inner:
+            raise ValueError(f"a cohort message of {size} parts holds the record '{key}'")
+        parts[int(index)][inner] = content[key]
+    return parts

@@ -23,10 +23,15 @@ CONFIG = "config"
 ARRAYS = "arrays"
 STALE = "stale"  # MAFSA: the named array set of a returning client's last local model
 METRICS = "metrics"
+# trainer=cohort in simulation: one message carries several tasks (a reply their replies),
+# each part's records under "<i>/<key>", their count in this ConfigRecord
+COHORT = "cohort"
+COHORT_SIZE = "size"
 
 MSG_TRAIN = "train"
 MSG_EVALUATE = "evaluate"
 MSG_QUERY = "query"
+MSG_COHORT = "train.cohort"  # the ClientApp's train handler for a cohort of tasks
 
 RETURN_DELTA = "delta"
 RETURN_MODEL = "model"

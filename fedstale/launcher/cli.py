@@ -60,11 +60,6 @@ from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
 from fedstale.server_app.results import runs_root
 from fedstale.strategies.registry import load_config
 
-COHORT_ELSEWHERE = (
-    "fedstale: trainer=cohort batches tasks only with `fedstale run --local`; Flower "
-    "simulation runs one ClientApp per message, so each task trains alone (with autograd)"
-)
-
 
 def flower_command(
     app: Path, overrides: dict[str, Any], federation: str, run: RunConfig, superlink: str
@@ -110,8 +105,6 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
     if not superlink:
         pairs = {"node-partitions": "assign", **pairs}
     run, _, overrides = preflight(app, pairs, federation)
-    if run.trainer == "cohort":
-        print(COHORT_ELSEWHERE, file=sys.stderr)
     cluster = ray_cluster(os.environ, federation_options(federation))
     run_dir = runs_root(run.runs_dir) / run.run_name
     with flower_app(app) as target:

@@ -16,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
+from fedstale.common.cohort import first_of_each, said_together
 from fedstale.common.config import RunConfig
 from fedstale.common.records import ArraySets
 from fedstale.common.schema import MSG_EVALUATE, MSG_QUERY, MSG_TRAIN, ReplyKeys
-from fedstale.common.threads import limited
 from fedstale.server_app.transport import Reply
 
 NODE_BASE = 1000
@@ -99,16 +99,13 @@ CohortFn = Callable[
 class CohortTransport(InProcessTransport):
     """`trainer=cohort`: a train task is not run when it is sent but when the engine waits
     for a reply it lacks; then every task sent and not yet trained (each client's first,
-    in the order sent) trains together as one batched computation on `threads` threads.
+    in the order sent) trains together as one batched computation (on `client-threads`).
     A task's inputs are fixed when it is sent, so its result does not depend on when it
     is trained; tasks the run stops before needing are never trained."""
 
-    def __init__(
-        self, run: RunConfig, cohort: CohortFn, evaluate: EvaluateFn, threads: int
-    ) -> None:
+    def __init__(self, run: RunConfig, cohort: CohortFn, evaluate: EvaluateFn) -> None:
         super().__init__(run, lambda *args: {}, evaluate)  # type: ignore[arg-type,return-value]
         self.cohort_fn = cohort
-        self.threads = threads
         self.pending: list[tuple[str, int, dict, Arrays, ArraySets | None]] = []
         self.sizes: list[int] = []  # tasks per cohort trained, for the run's report
 
@@ -124,17 +121,13 @@ class CohortTransport(InProcessTransport):
             time.sleep(seconds)
 
     def train_pending(self) -> None:
-        batch, later, clients = [], [], set()
-        for job in self.pending:
-            (later if job[1] in clients else batch).append(job)
-            clients.add(job[1])
-        self.pending = later
+        batch, self.pending = first_of_each(self.pending, lambda job: job[1])
         jobs = [
             (partition, config, arrays, sets, self.states.setdefault(partition, {}))
             for _, partition, config, arrays, sets in batch
         ]
-        with limited(self.threads):
-            results = self.cohort_fn(self.run, jobs)
+        results = self.cohort_fn(self.run, jobs)
         self.sizes.append(len(batch))
+        said_together(len(batch), "in this process")
         for (msg_id, *_), (metrics, result, outputs) in zip(batch, results, strict=True):
             self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)

@@ -22,4 +22,4 @@ def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
 def cohort_transport(run: RunConfig) -> CohortTransport:
     """`trainer=cohort`: the tasks waiting to be trained, trained together in this process
     on `client-threads` threads (on CPU one thread ran LeNet's cohorts fastest)."""
-    return CohortTransport(run, train_cohort, evaluate_task, run.client_threads)
+    return CohortTransport(run, train_cohort, evaluate_task)

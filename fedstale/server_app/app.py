@@ -8,10 +8,10 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedstale.common.config import ConfigError
+from fedstale.server_app.cohorts import grid_transport
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.progress import setup_logging
-from fedstale.server_app.transport import GridTransport
 from fedstale.strategies.registry import load_config
 
 log = logging.getLogger("fedstale")
@@ -24,7 +24,7 @@ def main(grid: Grid, context: Context) -> None:
     setup_logging()
     try:
         run, params = load_config(context.run_config)
-        run_experiment(run, params, GridTransport(grid, run.task_ttl))
+        run_experiment(run, params, grid_transport(grid, run))
     except (ConfigError, EngineError) as err:
         log.error("%s", err)
         raise SystemExit(2) from None

@@ -26,10 +26,16 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 
-from fedstale.common.records import ArraySets, decode_sets, from_array_record, message_content
+from fedstale.common.records import (
+    ArraySets,
+    cohort_parts,
+    decode_sets,
+    from_array_record,
+    message_content,
+)
 from fedstale.common.schema import ARRAYS, CONFIG, METRICS, ReplyKeys
 
 log = logging.getLogger("fedstale")
@@ -52,6 +58,7 @@ class Reply:
     sets: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     invalid: str = ""
     problem: str = ""
+    parts: list[Reply] = field(default_factory=list)  # a cohort's replies (cohorts.py)
 
 
 class SendRefused(RuntimeError):
@@ -85,17 +92,27 @@ def reply_from_message(msg: Message) -> Reply:
     msg_id = msg.metadata.reply_to_message_id
     if msg.has_error():
         return Reply(msg_id, error_code=int(msg.error.code), error=str(msg.error.reason))
-    config = msg.content.get(CONFIG)
+    try:
+        parts = cohort_parts(msg.content)
+    except ValueError as err:
+        return Reply(msg_id, invalid=str(err))
+    if parts is not None:
+        return Reply(msg_id, parts=[reply_from_content("", part) for part in parts])
+    return reply_from_content(msg_id, msg.content)
+
+
+def reply_from_content(msg_id: str, content: RecordDict) -> Reply:
+    config = content.get(CONFIG)
     problem = str(config.get(ReplyKeys.PROBLEM, "")) if isinstance(config, ConfigRecord) else ""
-    metrics = msg.content.get(METRICS)
+    metrics = content.get(METRICS)
     if not isinstance(metrics, MetricRecord):
         return Reply(msg_id, invalid="reply has no MetricRecord 'metrics'", problem=problem)
-    arrays = msg.content.get(ARRAYS)
+    arrays = content.get(ARRAYS)
     if arrays is not None and not isinstance(arrays, ArrayRecord):
         return Reply(msg_id, invalid="reply's 'arrays' is not an ArrayRecord")
     try:
         decoded = None if arrays is None else from_array_record(arrays)
-        sets = decode_sets(msg.content)
+        sets = decode_sets(content)
     except (ValueError, TypeError) as err:
         return Reply(msg_id, invalid=f"reply's arrays cannot be decoded: {err}")
     return Reply(msg_id, metrics=dict(metrics), arrays=decoded, sets=sets, problem=problem)
@@ -166,7 +183,9 @@ class GridTransport:
         arrays: Mapping[str, np.ndarray] | None = None,
         sets: ArraySets | None = None,
     ) -> str:
-        content = message_content(config, arrays, sets)
+        return self.push(node_id, message_type, message_content(config, arrays, sets))
+
+    def push(self, node_id: int, message_type: str, content: RecordDict) -> str:
         message = Message(content, dst_node_id=node_id, message_type=message_type, ttl=self.ttl)
         ids = list(self.grid.push_messages([message]))
         if not ids or not ids[0]:
