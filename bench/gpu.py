@@ -13,9 +13,11 @@ Fashion-MNIST (50 clients, Dirichlet 0.1, 5 local epochs, batch 64):
 - cohort: the same tasks 10 at a time as one batched computation (fedstale/common/cohort.py,
   `torch.func.vmap` over the clients' stacked parameters);
 - `--local`, `device=cuda`, 1, 2 and 4 worker processes sharing the GPU (FedBuff, 10 tasks
-  in flight; rates over the engine's loop);
-- Flower simulation (`fedstale run` on a SuperLink of its own) with
-  `client-resources-num-gpus` 1, 0.5 and 0.25 (1, 2 and 4 ClientApps on the GPU at once);
+  in flight; rates over the engine's loop), and `trainer=cohort` (the tasks waiting to be
+  trained, together in the engine's process);
+- Flower simulation (`fedstale run` on a SuperLink of its own, partitions assigned) with
+  `client-resources-num-gpus` 1, 0.5 and 0.25 (1, 2 and 4 ClientApps on the GPU at once),
+  and `trainer=cohort` at num-gpus 1 (the waiting tasks as one message to one ClientApp);
 - the library: examples/async-quickstart (fedstale's FedBuff over Flower's plain PyTorch
   ClientApp, an MLP on 8x8 digits) in Flower simulation on the GPU: its own updates per
   second, no ratio (another model).
@@ -177,18 +179,15 @@ def cohort_rate(config: dict[str, Any], tasks: int, device: str) -> float:
     return tasks / (time.perf_counter() - started)
 
 
-def simulation_rate(config: str, workdir: Path, share: float) -> float:
-    """`fedstale run` in Flower simulation with `share` of a GPU per ClientApp (0: CPU)."""
-    link = SimulationSuperLink(workdir / f"flwr-home-{share}").start()
+def simulation_rate(config: str, workdir: Path, share: float, link: SimulationSuperLink) -> float:
+    """`fedstale run` in Flower simulation on `link` with `share` of a GPU per ClientApp (0:
+    CPU); partitions assigned by the server, as `fedstale run` does on a SuperLink of its own."""
     name = f"sim-{share}-{time.monotonic_ns()}"
     federation = f"client-resources-num-cpus=1 client-resources-num-gpus={share}"
     command = [tool("fedstale"), "run", "--app", str(ROOT), "--superlink", CONNECTION]
-    command += ["--federation-config", federation]
-    command += ["--run-config", f"{config} run-name={name} runs-dir={workdir / 'runs'}"]
-    try:
-        done = subprocess.run(command, env=link.env, capture_output=True, text=True, timeout=900)
-    finally:
-        link.stop()
+    command += ["--federation-config", federation, "--run-config"]
+    command += [f"{config} node-partitions=assign run-name={name} runs-dir={workdir / 'runs'}"]
+    done = subprocess.run(command, env=link.env, capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
         raise SystemExit(f"the simulation run failed:\n{done.stderr[-3000:]}")
     summary = json.loads((workdir / "runs" / name / "summary.json").read_text())
@@ -221,7 +220,7 @@ def quickstart_rate(workdir: Path, rounds: int, share: float) -> float:
     return float(json.loads(runs[0].read_text())["updates_per_second"])
 
 
-def model_rows(plan: Plan, model: str, workdir: Path) -> list[Row]:
+def model_rows(plan: Plan, model: str, workdir: Path, link: SimulationSuperLink) -> list[Row]:
     budget = plan.budgets[model]
     config = (
         f"{plan.base} model={model} max-virtual-time={budget} eval-interval={budget / 2} "
@@ -237,10 +236,17 @@ def model_rows(plan: Plan, model: str, workdir: Path) -> list[Row]:
         with GpuMemory().watch(device) as memory:
             rate = local_summary(config, workdir / model, workers)["updates_per_second"]
         rows.append(Row(f"--local, {workers} worker(s)", rate, memory.peak))
+    with GpuMemory().watch(device) as memory:
+        rate = local_summary(f"{config} trainer=cohort", workdir / model, 1)["updates_per_second"]
+    rows.append(Row("--local, trainer=cohort", rate, memory.peak))
     for share in plan.gpu_shares:
         with GpuMemory().watch(device) as memory:
-            rate = simulation_rate(config, workdir, share)
+            rate = simulation_rate(config, workdir, share, link)
         rows.append(Row(f"Flower simulation, num-gpus {share:g}", rate, memory.peak))
+    share = plan.gpu_shares[0]
+    with GpuMemory().watch(device) as memory:
+        rate = simulation_rate(f"{config} trainer=cohort", workdir, share, link)
+    rows.append(Row(f"Flower simulation, trainer=cohort, num-gpus {share:g}", rate, memory.peak))
     return rows
 
 
@@ -276,8 +282,12 @@ def main(argv: list[str] | None = None) -> None:
     print(device_line(plan.device), flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        for model in plan.models:
-            print(table(model, model_rows(plan, model, workdir)), flush=True)
+        link = SimulationSuperLink(workdir / "flwr-home").start()  # every simulation row's
+        try:
+            for model in plan.models:
+                print(table(model, model_rows(plan, model, workdir, link)), flush=True)
+        finally:
+            link.stop()
         share = plan.gpu_shares[0]
         with GpuMemory().watch(plan.device) as memory:
             rate = quickstart_rate(workdir, plan.quickstart_rounds, share)

@@ -94,13 +94,15 @@ def simulation_summary(config: str, workdir: Path) -> dict[str, Any]:
 
 def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
     from fedstale.launcher.launch import parse_pairs
-    from fedstale.launcher.local import local_transport, pooled_transport
+    from fedstale.launcher.local import cohort_transport, local_transport, pooled_transport
     from fedstale.server_app.experiment import run_experiment
     from fedstale.strategies.registry import load_config
 
-    name = f"local-{workers}"
-    values = {**parse_pairs(config), "run-name": name, "runs-dir": str(workdir / "runs")}
+    values = {**parse_pairs(config), "runs-dir": str(workdir / "runs")}
+    values["run-name"] = f"local-{workers}-{values.get('trainer', 'auto')}"
     run, params = load_config(values)
+    if run.trainer == "cohort":  # trains in this process, whatever `workers` says
+        return run_experiment(run, params, cohort_transport(run))
     if workers == 1:
         return run_experiment(run, params, local_transport(run))
     with pooled_transport(run, workers) as transport:

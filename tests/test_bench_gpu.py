@@ -34,12 +34,14 @@ def test_the_smoke_variant_measures_every_row_on_cpu() -> None:
         "bare loop",
         "cohort of 10",
         "--local, 1 worker(s)",
+        "--local, trainer=cohort",
         "Flower simulation, num-gpus 0",
+        "Flower simulation, trainer=cohort, num-gpus 0",
         "library FedBuff, quickstart",
     ):
         assert expected in labels, done.stdout
     rates = [float(row.split("|")[2]) for row in rows if row.split("|")[2].strip()[0].isdigit()]
-    assert len(rates) == 5 and all(rate > 0 for rate in rates)
+    assert len(rates) == 7 and all(rate > 0 for rate in rates)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")

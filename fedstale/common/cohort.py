@@ -95,6 +95,17 @@ class Schedule:
             last_pass.append(len(flat) - len(plan[-1]) if plan else 0)
         return cls(batches, last_pass)
 
+    def in_last_pass(self, t: int) -> list[bool]:
+        """Which members' step t belongs to their last pass."""
+        pairs = zip(self.last_pass, self.batches, strict=True)
+        return [first <= t < len(steps) for first, steps in pairs]
+
+    @property
+    def last_pass_steps(self) -> list[int]:
+        return [
+            len(steps) - first for first, steps in zip(self.last_pass, self.batches, strict=True)
+        ]
+
     @property
     def length(self) -> int:
         return max((len(b) for b in self.batches), default=0)
@@ -104,18 +115,21 @@ def cohort_train(
     model: nn.Module, members: Sequence[Member]
 ) -> list[tuple[dict[str, torch.Tensor], float]]:
     """Train every member from its own start; each one's trained parameters and the mean
-    cross-entropy of its last pass over the data (as `local_train` returns it)."""
+    cross-entropy of its last pass over the data (as `local_train` returns it). Everything
+    stays on the parameters' device: the losses come back once, at the end."""
     names = [name for name, _ in model.named_parameters()]
     params = {n: torch.stack([m.params[n].detach() for m in members]) for n in names}
     starts = {n: p.clone() for n, p in params.items()}
-    lrs = torch.tensor([m.lr for m in members], dtype=params[names[0]].dtype)
-    mus = torch.tensor([m.proximal_mu for m in members], dtype=lrs.dtype)
+    device, dtype = params[names[0]].device, params[names[0]].dtype
+    lrs = torch.tensor([m.lr for m in members], dtype=dtype, device=device)
+    mus = torch.tensor([m.proximal_mu for m in members], dtype=dtype, device=device)
     schedule = Schedule.of(members)
     width = max((len(idx) for b in schedule.batches for idx in b), default=1)
     step = vmap(grad_and_value(masked_loss(model)))
-    last_losses: list[list[float]] = [[] for _ in members]
+    # the last pass's losses summed in float64, step by step, as local_train's Python sum
+    loss_sums = torch.zeros(len(members), dtype=torch.float64, device=device)
     for t in range(schedule.length):
-        active = torch.tensor([t < len(b) for b in schedule.batches], dtype=lrs.dtype)
+        active = torch.tensor([t < len(b) for b in schedule.batches], dtype=dtype, device=device)
         xb, yb, mask = gathered(members, schedule, t, width)
         grads, losses = step(params, xb, yb, mask)
         scale = lrs * active
@@ -124,12 +138,12 @@ def cohort_train(
                 shape = (-1,) + (1,) * (params[n].dim() - 1)
                 direction = grads[n] + mus.view(shape) * (params[n] - starts[n])
                 params[n] = params[n] - scale.view(shape) * direction
-        for k, value in enumerate(losses.tolist()):
-            if schedule.last_pass[k] <= t < len(schedule.batches[k]):
-                last_losses[k].append(value)
+            in_last = torch.tensor(schedule.in_last_pass(t), device=device)
+            loss_sums += torch.where(in_last, losses.double(), 0.0)
+    counts = schedule.last_pass_steps
     return [
-        ({n: params[n][k].clone() for n in names}, sum(v) / max(len(v), 1))
-        for k, v in enumerate(last_losses)
+        ({n: params[n][k].clone() for n in names}, total / max(count, 1))
+        for k, (total, count) in enumerate(zip(loss_sums.tolist(), counts, strict=True))
     ]
 
 
@@ -150,7 +164,7 @@ def gathered(
     members: Sequence[Member], schedule: Schedule, t: int, width: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Step t's minibatch of every member, padded to `width` rows (row 0 repeated, masked
-    out); a member with no step t contributes a fully masked batch."""
+    out); a member with no step t contributes a fully masked batch. On the data's device."""
     xs, ys, masks = [], [], []
     for member, batches in zip(members, schedule.batches, strict=True):
         idx = batches[t] if t < len(batches) else torch.zeros(0, dtype=torch.long)
@@ -160,9 +174,10 @@ def gathered(
         mask[: len(idx)] = 1.0
         if len(member.y) == 0:  # a client without data: a masked batch of zeros
             xs.append(member.x.new_zeros((width, *member.x.shape[1:])))
-            ys.append(torch.zeros(width, dtype=member.y.dtype))
+            ys.append(member.y.new_zeros(width))
         else:
+            rows = rows.to(member.x.device)
             xs.append(member.x[rows])
             ys.append(member.y[rows])
-        masks.append(mask)
+        masks.append(mask.to(member.x.device))
     return torch.stack(xs), torch.stack(ys), torch.stack(masks)
