@@ -5,6 +5,7 @@ terms and step budgets, and a client without data left where it started."""
 from __future__ import annotations
 
 import copy
+import logging
 from pathlib import Path
 
 import numpy as np
@@ -218,6 +219,7 @@ def test_cohorts_form_only_where_every_partition_is_on_the_box(
 ) -> None:
     """A deployment (not Flower's InMemoryGrid) trains per task, and so does a simulation
     whose tasks name no partition (node-partitions=ask); each said in one line."""
+    caplog.set_level(logging.INFO, logger="fedstale")
     cfg = parse_run_config({"trainer": "cohort", "num-clients": 10})
     assert type(grid_transport(ClientAppGrid({}), cfg)) is GridTransport  # type: ignore[arg-type]
     assert "a deployment's node holds only its own client's data" in caplog.text
