@@ -3,7 +3,6 @@ handler wraps it, and local running (fedstale/launcher/local.py) calls it direct
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
@@ -14,7 +13,7 @@ import numpy as np
 import torch
 
 from fedstale.client_app.faults import corrupt
-from fedstale.common.cohort import Member, cohort_train, solo_reason
+from fedstale.common.cohort import Member, cohort_train, said_alone, solo_reason
 from fedstale.common.config import RunConfig
 from fedstale.common.models import (
     ParamLayout,
@@ -40,7 +39,6 @@ from fedstale.strategies.privacy import clip_to
 from fedstale.strategies.registry import client_rules
 
 Arrays = dict[str, np.ndarray]
-log = logging.getLogger("fedstale")
 
 
 @cache
@@ -211,9 +209,7 @@ def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
         ready = prepare(cfg, partition, config, arrays, sets, state)
         why = solo_reason(ready.task.spec, cfg.loss)
         if why:
-            if why not in _noted:
-                _noted.add(why)
-                log.info("trainer=cohort: %s: those tasks train one at a time", why)
+            said_alone(why, _noted)
             loss = ready.task.train()
             results[index] = finish(ready, get_flat(ready.task.model), loss, state)
         else:

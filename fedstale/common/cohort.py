@@ -41,6 +41,13 @@ def solo_reason(spec: TaskSpec, loss: str) -> str:
     return ""
 
 
+def said_alone(why: str, said: set[str]) -> None:
+    """Why some tasks train one at a time, logged the first time `said` has not seen it."""
+    if why not in said:
+        said.add(why)
+        log.info("trainer=cohort: %s: those tasks train one at a time", why)
+
+
 def first_of_each(
     tasks: list[Task], client_of: Callable[[Task], int]
 ) -> tuple[list[Task], list[Task]]:

@@ -107,7 +107,7 @@ class CohortTransport(InProcessTransport):
         super().__init__(run, lambda *args: {}, evaluate)  # type: ignore[arg-type,return-value]
         self.cohort_fn = cohort
         self.pending: list[tuple[str, int, dict, Arrays, ArraySets | None]] = []
-        self.sizes: list[int] = []  # tasks per cohort trained, for the run's report
+        self.sizes: list[int] = []  # tasks per cohort trained (the tests read it)
 
     def train(
         self, msg_id: str, partition: int, config: dict, arrays: Arrays, sets: ArraySets | None

@@ -23,7 +23,7 @@ import numpy as np
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedstale.common.cohort import first_of_each, said_together, solo_reason
+from fedstale.common.cohort import first_of_each, said_alone, said_together, solo_reason
 from fedstale.common.config import RunConfig
 from fedstale.common.records import ArraySets, cohort_content, message_content
 from fedstale.common.schema import ASSIGNED_PARTITION, MSG_COHORT, MSG_TRAIN, TaskSpec
@@ -82,8 +82,8 @@ class CohortGridTransport:
         self.members: dict[str, list[str]] = {}  # cohort message id -> its tasks' ids
         self.cohort_of: dict[str, str] = {}  # task id -> its cohort message's id
         self.answered: dict[str, tuple[float, Reply]] = {}  # task id -> (when, its reply)
-        self.sizes: list[int] = []  # tasks per cohort pushed, for the run's report
-        self.said: set[str] = set()
+        self.sizes: list[int] = []  # tasks per cohort pushed (the tests read it)
+        self.said: set[str] = set()  # reasons for training alone, said once a run
 
     def node_ids(self) -> list[int]:
         return self.inner.node_ids()
@@ -96,8 +96,7 @@ class CohortGridTransport:
         arrays: Mapping[str, np.ndarray] | None = None,
         sets: ArraySets | None = None,
     ) -> str:
-        why = self.alone_because(config) if message_type == MSG_TRAIN else "-"
-        if why:
+        if message_type != MSG_TRAIN or self.alone_because(config):
             return self.inner.send(node_id, message_type, config, arrays, sets)
         self.count += 1
         task_id = f"{TASK_PREFIX}{self.count}"
@@ -110,9 +109,8 @@ class CohortGridTransport:
         why = solo_reason(TaskSpec.from_config(config), self.loss)
         if not why and ASSIGNED_PARTITION not in config:
             why = NO_PARTITION
-        if why and why not in self.said:
-            self.said.add(why)
-            log.info("trainer=cohort: %s: those tasks train one at a time", why)
+        if why:
+            said_alone(why, self.said)
         return why
 
     def wait(self, seconds: float) -> None:
