@@ -54,9 +54,12 @@ demo: setup data
 	$(BIN)/fedstale run --local --overwrite --run-config "$(DEMO_CONFIG)" --run-config "$(RUN_CONFIG)"
 	$(BIN)/fedstale compare runs/$(DEMO_NAME) --out runs/$(DEMO_NAME)/summary --last 10 --target 0.8
 
-# --durations: the slowest tests' share of the run, in every CI log
+# --durations: the slowest tests' share of the run, in every CI log. Two pytest-xdist
+# workers (one per core here); tests that build the wheel's virtualenvs or the container
+# images are grouped onto one worker each (xdist_group).
+TEST_WORKERS ?= 2
 test: setup data tools
-	$(BIN)/python -m pytest -q --durations=15
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
 
 # The suite under kernel settings that change the numerics on an x86 box (docs/testing.md, Golden
 # runs on any CPU): each must pass as the default does.

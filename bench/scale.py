@@ -30,8 +30,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from fedstale.launcher.deploy import descendants  # noqa: E402
 from fedstale.launcher.launch import flower_env, tool  # noqa: E402
+from fedstale.launcher.ports import descendants  # noqa: E402
 from tests.flower_procs import CONNECTION, SimulationSuperLink  # noqa: E402
 
 GIB = 1024**3

@@ -33,10 +33,13 @@ def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
 ) -> None:
     """The container tests run last, and their images (minutes to build on a fresh machine)
-    start building, at the lowest priority, as the session starts."""
+    start building, at the lowest priority, as the session starts: in the first worker of a
+    parallel session (a worker that runs them finds the build under way behind a lock)."""
     last = [item for item in items if item.path.name == "test_containers.py"]
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # each xdist worker collects all
     if last:
         items[:] = [item for item in items if item.path.name != "test_containers.py"] + last
+    if last and worker == "gw0":
         from tests.containers import prebuild
 
         _TEMP_DIRS.append(tempfile.mkdtemp(prefix="fedstale-containers-"))

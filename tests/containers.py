@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import configparser
 import contextlib
+import fcntl
 import os
 import re
 import shutil
@@ -269,8 +270,15 @@ class Prepared:
 
 
 def prepare(workdir: Path) -> Prepared:
-    """A runtime, the base image, the stand-ins and fedstale's images."""
+    """A runtime, the base image, the stand-ins and fedstale's images; one build at a time
+    on the machine (the images are the machine's: two sessions or workers share them)."""
     started = time.monotonic()
+    with (Path(tempfile.gettempdir()) / "fedstale-images.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _prepare(workdir, started)
+
+
+def _prepare(workdir: Path, started: float) -> Prepared:
     found = find_runtime(workdir)
     if isinstance(found, str):
         return Prepared(skip=found)

@@ -55,8 +55,8 @@ def read_body(stream: BinaryIO, head: bytes) -> bytes:
 class RuntimeProxy:
     """Listens on 127.0.0.1 (`address`), one upstream connection per client connection."""
 
-    def __init__(self, upstream_port: int, hook: Hook) -> None:
-        self.upstream_port = upstream_port
+    def __init__(self, upstream_port: Callable[[], int], hook: Hook) -> None:
+        self.upstream_port = upstream_port  # read per connection: known once upstream listens
         self.hook = hook
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
@@ -76,7 +76,7 @@ class RuntimeProxy:
             threading.Thread(target=self._relay, args=(client,), daemon=True).start()
 
     def _relay(self, client: socket.socket) -> None:
-        with client, socket.create_connection(("127.0.0.1", self.upstream_port)) as upstream:
+        with client, socket.create_connection(("127.0.0.1", self.upstream_port())) as upstream:
             down, up = client.makefile("rb"), upstream.makefile("rb")
             with contextlib.suppress(OSError, ValueError):
                 while True:

@@ -38,7 +38,7 @@ class SuperLinkPauser:
         self.paused = False
         self.next_at = 0.0
         self.lock = threading.Lock()
-        self.proxy = RuntimeProxy(deployment.port, self.on_response)
+        self.proxy = RuntimeProxy(lambda: deployment.port, self.on_response)
         deployment.superexec_runtime = self.proxy.address
 
     def arm(self) -> None:

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from fedstale.launcher.deploy import free_port
+from fedstale.launcher.ports import free_port
 from tests.wheel_env import EXPECTED, elsewhere, installed, run, versions
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wheel")]
 BOUNDS = sorted(EXPECTED)
 TINY = "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500"
 

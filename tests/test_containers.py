@@ -20,13 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from fedstale.launcher.deploy import TlsFiles, free_port, make_keys
+from fedstale.launcher.deploy import TlsFiles, make_keys
 from fedstale.launcher.launch import flower_env, tool
+from fedstale.launcher.ports import free_port
 from fedstale.server_app.results import read_jsonl
 from tests import containers
 from tests.containers import Compose, Runtime
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("containers")]
 ROOT, DOCKER = containers.ROOT, containers.DOCKER
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # Fashion-MNIST from the SuperNodes' data mount, the linear model, short local work.

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from fedstale.launcher.deploy import LocalDeployment, TlsFiles, make_keys, stop
+from fedstale.launcher.ports import free_port
 from fedstale.server_app.results import read_jsonl
 
 pytestmark = pytest.mark.integration
@@ -190,7 +191,11 @@ def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
 
 
 def intruder(deployment: LocalDeployment, partition: int, insecure: bool) -> subprocess.Popen:
-    command = [*deployment.node_command(partition, insecure=insecure), "--max-retries", "1"]
+    command = [
+        *deployment.node_command(partition, free_port(), insecure=insecure),
+        "--max-retries",
+        "1",
+    ]
     return subprocess.Popen(
         command,
         env=deployment.env,
@@ -320,7 +325,7 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
             assert finish(process) == 0, log.read_text()[-3000:]
         finally:
             stop(process)
-    assert "edge-id=1" in " ".join(deployment.node_command(4))
+    assert "edge-id=1" in " ".join(deployment.node_command(4, deployment.node_ports[4]))
     summary = json.loads((runs / "mafsa" / "summary.json").read_text())
     handled = rows(updates)
     assert {row["client"]: row["edge"] for row in handled} == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1, 5: 1}

@@ -49,7 +49,7 @@ def test_compose_flags_are_flowers_and_the_launchers(tmp_path: Path, secure: boo
     for index, name in enumerate(nodes):
         command = services[name]["command"]
         args = _parse_args_run_supernode().parse_args(command)
-        assert flags(command) == flags(deployment.node_command(index)[1:])
+        assert flags(command) == flags(deployment.node_command(index, 9094)[1:])
         assert args.superlink == "superlink:8000"
         assert re.fullmatch(
             rf"partition-id={index} num-partitions=3 delay-seconds=[\d.]+", args.node_config

@@ -266,6 +266,33 @@ def test_node_joining_mid_run_gets_work() -> None:
     assert late_client in {u.client for u in engine.strategy.seen}  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize(
+    ("budget", "wait", "said"),
+    [
+        ({"max-wall-seconds": 0.3}, 0.2, True),  # the wait may take 2/3 of the budget
+        ({"max-virtual-time": 0.3}, 0.2, True),  # on the wall clock, the time budget
+        ({"max-wall-seconds": 10.0}, 0.2, False),
+    ],
+)
+def test_a_wall_budget_the_wait_for_clients_could_eat_is_said_before_waiting(
+    caplog: pytest.LogCaptureFixture, budget: dict[str, float], wait: float, said: bool
+) -> None:
+    transport = ScriptedTransport(5, delta_reply)
+    settings = {"clock": "wall", "max-virtual-time": 0.0, "max-versions": 5, **budget}
+    engine = make_engine(transport, node_wait_seconds=wait, **settings)
+    caplog.set_level(logging.INFO, logger="fedstale")
+    started = time.monotonic()
+    engine.wait_for_clients()
+    lines = [r.getMessage() for r in caplog.records]
+    budget_lines = [line for line in lines if "counts the wait" in line]
+    assert len(budget_lines) == int(said), lines
+    if said:
+        first = budget_lines[0]
+        assert "for 6 clients" in first and f"budget is {min(budget.values()):g} s" in first
+        assert lines.index(first) < next(i for i, x in enumerate(lines) if "only 5 of 6" in x)
+    assert time.monotonic() - started >= wait
+
+
 class RefusingOnce(ScriptedTransport):
     """The SuperLink refuses the first train push to one node (it has just left), then that
     node is gone from the node list."""

@@ -439,34 +439,30 @@ def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("wheel")
 def test_the_quickstart_runs_on_the_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
     """The wheel in a fresh virtualenv at the newest dependencies (flwr 1.42): the example,
     copied outside the checkout, runs with that environment's `flwr run` on a simulation
     SuperLink of that environment."""
-    from fedstale.launcher.deploy import spawn, stop_tree, wait_for_port
     from tests.wheel_env import elsewhere, installed, run
 
     bin_dir, here = installed()[1]["newest"], elsewhere(tmp_path)
     app = here / "async-quickstart"
     shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
-    link = LocalDeployment(tmp_path / "home", 0, simulation=True)
-    link.write_connection()
-    env = {**link.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    command = [str(bin_dir / "flower-superlink"), *link.superlink_command()[1:]]
+    link = LocalDeployment(tmp_path / "home", 0, simulation=True, bin_dir=bin_dir)
     before = Path.cwd()
     os.chdir(here)  # the ServerApp runs where its SuperLink was started
     try:
-        superlink = spawn(command, env, tmp_path / "superlink.log")
+        link.start()
     finally:
         os.chdir(before)
     try:
-        wait_for_port(link.port, 60.0, superlink, "flower-superlink")
         federation = "num-supernodes=3 client-resources-num-cpus=1"
         flwr = [bin_dir / "flwr", "run", app, CONNECTION, "--stream"]
         flwr += ["--run-config", "num-server-rounds=2", "--federation-config", federation]
-        output = run(flwr, 420, here, {"PATH": env["PATH"], "FLWR_HOME": str(link.home)})
+        output = run(flwr, 420, here, {"PATH": link.env["PATH"], "FLWR_HOME": str(link.home)})
     finally:
-        stop_tree(superlink)
+        link.stop()
     assert "Successfully started run" in output
     (folder,) = (here / "runs").iterdir()
     summary = json.loads((folder / "summary.json").read_text())

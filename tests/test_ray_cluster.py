@@ -23,7 +23,8 @@ import pytest
 
 from fedstale.common.config import ConfigError
 from fedstale.launcher.cli import main
-from fedstale.launcher.deploy import descendants, free_port, spawn, stop_tree, wait_for_port
+from fedstale.launcher.deploy import spawn, stop_tree, wait_for_port
+from fedstale.launcher.ports import descendants, free_port
 from fedstale.launcher.ray_cluster import ray_cluster
 from fedstale.server_app.results import read_jsonl
 from tests.flower_procs import SimulationSuperLink

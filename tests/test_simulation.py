@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from fedstale.launcher.deploy import free_port, stop_tree, wait_for_port
+from fedstale.launcher.deploy import stop_tree, wait_for_port
 from fedstale.launcher.launch import flower_env, parse_pairs, tool
 from fedstale.launcher.local import local_transport
+from fedstale.launcher.ports import free_port
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config

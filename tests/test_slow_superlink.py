@@ -17,7 +17,7 @@ from tests.superlink_pauses import SuperLinkPauser
 from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, wait_until
 from tests.wheel_env import installed
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wheel")]
 PAUSES = 3
 UPDATES = 12
 
@@ -50,6 +50,7 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     assert pauser.done == PAUSES, output[-3000:]
     overlaps = re.findall(r"an overlapping pull's error reply to \w+ dropped", output)
     assert overlaps, output[-3000:]  # the race happened, and its errors were dropped
+    assert len(overlaps) == len(set(overlaps)), overlaps  # said once per id
     summary = json.loads((runs / "paused" / "summary.json").read_text())
     assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary
     assert summary["late_refused"] == {} and "task" not in re.findall(r"(task) \d+ lost", output)

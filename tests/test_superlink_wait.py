@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from fedstale.common.config import ConfigError
-from fedstale.launcher.deploy import free_port
 from fedstale.launcher.local_link import await_remote
+from fedstale.launcher.ports import free_port
 
 
 def connection(home: Path, port: int, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,3 +222,14 @@ def test_named_array_sets_round_trip_through_flower_records() -> None:
     assert sorted(content) == ["arrays", "arrays.stale", "config", "metrics"]
     decoded = decode_sets(content)
     assert list(decoded) == ["stale"] and np.array_equal(decoded["stale"]["w"], stale["w"])
+
+
+def test_an_overlapping_pulls_error_is_said_once_per_id(caplog: pytest.LogCaptureFixture) -> None:
+    """Every later pull of an id already answered brings the same error: one line per id."""
+    grid = RacingGrid({"a"})
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    caplog.set_level(logging.INFO, logger="fedstale")
+    for msg_id in ("a", "a", "b", "a"):
+        link._overlap_dropped(msg_id)
+    said = [r.getMessage() for r in caplog.records if "overlapping pull" in r.getMessage()]
+    assert len(said) == 2 and "to a dropped" in said[0] and "to b dropped" in said[1]

@@ -14,6 +14,8 @@ import pytest
 from fedstale.launcher.cli import COMMANDS
 from tests.wheel_env import ROOT, elsewhere, installed, run
 
+pytestmark = pytest.mark.xdist_group("wheel")  # one worker builds the virtualenvs
+
 SHIPPED = {
     "pyproject.toml": "fedstale/app/pyproject.toml",
     "docker/certs.sh": "fedstale/app/docker/certs.sh",

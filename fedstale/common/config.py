@@ -6,6 +6,7 @@ refused. Errors surface as one `ConfigError` line naming the key, the value and 
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any, Literal, TypeVar
@@ -48,6 +49,7 @@ NUM_CLASSES: dict[str, int] = {
     "digits": 10,
 }
 ModelT = TypeVar("ModelT", bound="KebabModel")
+KEYS_HINT = "see [tool.flwr.app.config] of pyproject.toml for every key"
 FIX_HINT = "fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
 
 
@@ -69,8 +71,9 @@ def score_label(metric: str, per_client: bool) -> str:
 
 
 def summary_score(summary: dict[str, Any], metric: str, which: str) -> float:
-    """summary.json's "final" or "best" score of a run scored by `metric`."""
-    return float(summary[f"{which}_{score_key(metric)}"])
+    """summary.json's "final" or "best" score of a run scored by `metric` (NaN: none)."""
+    value = summary.get(f"{which}_{score_key(metric)}")
+    return math.nan if value is None else float(value)
 
 
 def score_words(summary: dict[str, Any], metric: str) -> str:

@@ -45,7 +45,7 @@ class Run:
     def load(cls, folder: Path) -> Run:
         metrics = read_jsonl(folder / "metrics.jsonl")
         summary = json.loads((folder / "summary.json").read_text())
-        metric = summary.get("metric", "accuracy")  # runs before the key scored accuracy
+        metric = summary.get("metric") or "accuracy"  # unscored runs, and runs before the key
         return cls(
             folder=folder,
             config=json.loads((folder / "config.json").read_text()),

@@ -111,10 +111,11 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
         command = flower_command(target, overrides, federation, run, superlink)
         print("fedstale: " + shlex.join(command), file=sys.stderr)
         started = time.time()
-        with owned_local_superlink(superlink) as own:
+        with owned_local_superlink(superlink) as link:
             if cluster is not None:
-                print(cluster_note(cluster, own is not None), file=sys.stderr)
-            died = follow(subprocess.Popen(command, env=flower_env()), run_dir, started)
+                print(cluster_note(cluster, link.process is not None), file=sys.stderr)
+            flower = subprocess.Popen(command, env={**flower_env(), **link.env})
+            died = follow(flower, run_dir, started)
     return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import shlex
 import signal
@@ -38,17 +39,19 @@ from fedstale.launcher.launch import (
     to_flower,
     tool,
 )
+from fedstale.launcher.ports import (
+    LaunchError,
+    cause,
+    descendants,
+    log_tail,
+    start_listening,
+)
 
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
+ONLINE_SECONDS = 60.0  # for every SuperNode started to register with the SuperLink
 # Wall-clock defaults of a deployment; the user's --run-config wins.
 WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_for_port(port: int, timeout: float, process: subprocess.Popen, name: str) -> None:
@@ -82,28 +85,6 @@ def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Pope
         return subprocess.Popen(
             command, env=env, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True
         )
-
-
-def descendants(root: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process below `root`, read from /proc."""
-    children: dict[int, list[int]] = {}
-    commands: dict[int, str] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
-            commands[int(entry.name)] = command.decode(errors="replace")
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, stack = [], list(children.get(root, []))
-    while stack:
-        pid = stack.pop()
-        found.append((pid, commands.get(pid, "")))
-        stack.extend(children.get(pid, []))
-    return found
 
 
 def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
@@ -172,7 +153,7 @@ class LocalDeployment:
     # Where a SuperExec of its own (Flower's `--isolation process`) reaches the SuperLink's
     # runtime API; None: the SuperLink starts its SuperExec itself.
     superexec_runtime: str | None = None
-    port: int = field(default_factory=free_port)
+    port: int = 0  # 0: a reserved one, chosen at start (fedstale/launcher/ports.py)
     superlink: subprocess.Popen | None = None
     superexec: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
@@ -211,9 +192,8 @@ class LocalDeployment:
         local = ["--host", "127.0.0.1", "--port", str(self.port)]
         return [*command, "--disable-runtime-dependency-installation", *local]
 
-    def node_command(self, partition: int, insecure: bool = False) -> list[str]:
+    def node_command(self, partition: int, port: int, insecure: bool = False) -> list[str]:
         delay = self.delays[partition % len(self.delays)] if self.delays else 0.0
-        port = self.node_ports.setdefault(partition, free_port())
         if insecure or self.tls is None:
             security = ["--insecure"]
         else:
@@ -259,9 +239,24 @@ class LocalDeployment:
             raise RuntimeError(f"registering {public_key} failed: {result.stdout[-500:]}")
 
     def start(self) -> LocalDeployment:
+        """The SuperLink, then every SuperNode, each checked to listen on its own port; on a
+        LaunchError nothing started is left running."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalDeployment:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.superlink, self.port = start_listening(
+            self.launch_superlink,
+            "flower-superlink",
+            self.home / "superlink.log",
+            port=self.port or None,
+            stop=stop_tree,
+        )
         self.write_connection()
-        self.superlink = spawn(self.superlink_command(), self.env, self.home / "superlink.log")
-        wait_for_port(self.port, 60.0, self.superlink, "flower-superlink")
         if self.superexec_runtime is not None:
             self.start_superexec(self.superexec_runtime)
         if self.auth_keys is not None:
@@ -270,7 +265,59 @@ class LocalDeployment:
             if self.auth_keys is not None:
                 self.register(partition)
             self.start_node(partition)
+        if self.nodes:
+            self.await_online(len(self.nodes))
         return self
+
+    def online_nodes(self) -> int | None:
+        """SuperNodes the SuperLink lists as online (`flwr supernode ls`); None when it
+        cannot be asked."""
+        command = [self.tool("flwr"), "supernode", "ls", CONNECTION, "--format", "json"]
+        try:
+            result = subprocess.run(
+                command, env=self.env, capture_output=True, text=True, timeout=30, check=False
+            )
+            listing = json.loads(result.stdout)
+        except (subprocess.TimeoutExpired, json.JSONDecodeError):
+            return None
+        if not listing.get("success"):
+            return None
+        return sum(node.get("status") == "online" for node in listing.get("nodes", []))
+
+    def await_online(self, wanted: int, timeout: float = ONLINE_SECONDS) -> None:
+        """Every SuperNode started is alive and registered with the SuperLink, or one
+        LaunchError line naming the first that is not (its log, the cause read from it)."""
+        deadline = time.monotonic() + timeout
+        online = self.online_nodes()
+        while online is not None and online < wanted and time.monotonic() < deadline:
+            self.check_nodes_alive()
+            time.sleep(0.5)
+            online = self.online_nodes()
+        self.check_nodes_alive()
+        if online is None:
+            raise LaunchError(
+                f"the SuperLink on {self.address} did not list its SuperNodes "
+                f"(flwr supernode ls); its log: {self.home / 'superlink.log'}"
+            )
+        if online < wanted:
+            raise LaunchError(
+                f"only {online} of {wanted} SuperNodes registered with the SuperLink within "
+                f"{timeout:g} s; their logs: {self.home}/supernode-<i>.log"
+            )
+
+    def check_nodes_alive(self) -> None:
+        for partition, process in sorted(self.nodes.items()):
+            if process.poll() is not None:
+                log = self.home / f"supernode-{partition}.log"
+                why = cause(log_tail(log, 0))
+                raise LaunchError(
+                    f"SuperNode {partition} (partition-id={partition}) exited with code "
+                    f"{process.returncode} after it started: {why}; its log: {log}"
+                )
+
+    def launch_superlink(self, port: int) -> subprocess.Popen:
+        self.port = port
+        return spawn(self.superlink_command(), self.env, self.home / "superlink.log")
 
     def start_superexec(self, runtime: str) -> None:
         security = ["--insecure"] if self.tls is None else ["--root-certificates", str(self.tls.ca)]
@@ -278,10 +325,18 @@ class LocalDeployment:
         self.superexec = spawn(command, self.env, self.home / "superexec.log")
 
     def start_node(self, partition: int, insecure: bool = False) -> subprocess.Popen:
+        """Start SuperNode `partition` and wait until it listens on its Runtime API port
+        (another port if a bind race took it); a LaunchError line naming it otherwise."""
         env = {**self.env, SUPERNODE_POLL_ENV: f"{self.task_poll_interval:g}"}
         log = self.home / f"supernode-{partition}.log"
-        self.nodes[partition] = spawn(self.node_command(partition, insecure), env, log)
-        return self.nodes[partition]
+
+        def launch(port: int) -> subprocess.Popen:
+            return spawn(self.node_command(partition, port, insecure), env, log)
+
+        name = f"SuperNode {partition} (partition-id={partition})"
+        process, port = start_listening(launch, name, log, stop=stop_tree)
+        self.nodes[partition], self.node_ports[partition] = process, port
+        return process
 
     def kill_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
         """Signal a SuperNode's whole process group (its ClientApps die with it)."""
@@ -411,8 +466,12 @@ def main(argv: list[str]) -> int:
         auth_keys=home / "keys" if args.auth else None,
         edges=args.edges,
     )
-    print(f"fedstale: deployment in {home} (SuperLink {deployment.address})", file=sys.stderr)
     with deployment:
+        print(
+            f"fedstale: deployment in {home}: SuperLink on {deployment.address}, "
+            f"{args.nodes} SuperNode(s) up",
+            file=sys.stderr,
+        )
         print("fedstale: " + shlex.join(deployment.superlink_command()), file=sys.stderr)
         result = deployment.run_app(app, overrides, args.timeout, capture=False)
     return result.returncode

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import FIX_HINT, ConfigError, RunConfig
+from fedstale.common.config import FIX_HINT, KEYS_HINT, ConfigError, RunConfig
 from fedstale.server_app.results import run_name, runs_root
 from fedstale.strategies.registry import load_config
 
@@ -137,6 +137,8 @@ def hint_for(message: str, given: Path | None) -> str:
         return message
     if app != PACKAGE_APP:
         return message
+    keys = f"every key and its default: [tool.flwr.app.config] in {PACKAGE_APP / 'pyproject.toml'}"
+    message = message.replace(KEYS_HINT, keys)
     return message.replace(FIX_HINT, "fix it with --run-config 'key=value'")
 
 

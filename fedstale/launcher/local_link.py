@@ -10,11 +10,13 @@ is someone else's: it is used and left running.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +25,10 @@ import httpx
 from fedstale.common.config import ConfigError
 from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, tool
+from fedstale.launcher.ports import start_listening
 
 STARTUP_SECONDS = 30.0
+PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"  # Flower's: where `flwr run` finds it
 REMOTE_WAIT_SECONDS = 90.0  # a SuperLink container just brought up answers after ~10 s
 
 
@@ -98,13 +102,13 @@ def await_remote(connection_name: str, timeout: float = REMOTE_WAIT_SECONDS) -> 
         time.sleep(1.0)
 
 
-def superlink_command(in_memory: bool) -> tuple[list[str], Path]:
-    """Flower's own command for the managed local SuperLink (flwr/cli/local_superlink.py),
-    and its log file."""
+def superlink_command(in_memory: bool, port: str) -> tuple[list[str], Path]:
+    """Flower's own command for the managed local SuperLink (flwr/cli/local_superlink.py) on
+    `port`, and its log file."""
     from flwr.common.constant import ISOLATION_MODE_SUBPROCESS
     from flwr.supercore.utils import get_flwr_home
 
-    port, control = local_ports()
+    _, control = local_ports()
     folder = get_flwr_home() / "local-superlink"
     folder.mkdir(parents=True, exist_ok=True)
     command = [tool("flower-superlink"), "--insecure", "--simulation"]
@@ -115,35 +119,53 @@ def superlink_command(in_memory: bool) -> tuple[list[str], Path]:
     return command, folder / "fedstale-superlink.log"
 
 
+@dataclass
+class LocalLink:
+    """The SuperLink a `flwr run` on the local connection uses: `process` when fedstale
+    started it (None: someone else's, or a remote one), and the environment `flwr run`
+    needs to find it."""
+
+    process: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
 @contextmanager
-def owned_local_superlink(connection_name: str) -> Iterator[subprocess.Popen | None]:
-    """Around a `flwr run` on `connection_name`: the SuperLink process this started (stopped
-    on exit), or None where the connection is remote or a local SuperLink was already up."""
+def owned_local_superlink(connection_name: str) -> Iterator[LocalLink]:
+    """Around a `flwr run` on `connection_name`: the SuperLink this started (stopped on exit),
+    or none where the connection is remote or Flower's local SuperLink was already up. Unless
+    FLWR_LOCAL_SUPERLINK_HTTP_API_PORT fixes the port, the SuperLink started here listens on
+    a port of its own (fedstale/launcher/ports.py), so two runs at once never share one and
+    a taken default port is no failure."""
     local, in_memory = is_local(connection_name)
     port, _ = local_ports()
     if not local:
         await_remote(connection_name)
-        yield None
+        yield LocalLink()
         return
     if healthy(port):
         print(
             f"fedstale: using the local SuperLink already up on 127.0.0.1:{port} (it stays up)",
             file=sys.stderr,
         )
-        yield None
+        yield LocalLink()
         return
-    command, log_file = superlink_command(in_memory)
-    process = spawn(command, flower_env(), log_file)
+    fixed = int(port) if PORT_ENV in os.environ else None
+    log_file = superlink_command(in_memory, port)[1]
+
+    def launch(chosen: int) -> subprocess.Popen:
+        return spawn(superlink_command(in_memory, str(chosen))[0], flower_env(), log_file)
+
+    process, chosen = start_listening(
+        launch, "the local SuperLink", log_file, port=fixed, timeout=STARTUP_SECONDS, stop=stop_tree
+    )
     try:
         deadline = time.monotonic() + STARTUP_SECONDS
-        while not healthy(port):
+        while not healthy(str(chosen)):
             if process.poll() is not None or time.monotonic() > deadline:
                 raise ConfigError(
-                    f"the local SuperLink did not start on 127.0.0.1:{port} (see {log_file}); "
-                    "is a port taken? set FLWR_LOCAL_SUPERLINK_HTTP_API_PORT and "
-                    "FLWR_LOCAL_CONTROL_API_PORT to free ones"
+                    f"the local SuperLink on 127.0.0.1:{chosen} did not answer (see {log_file})"
                 )
             time.sleep(0.2)
-        yield process
+        yield LocalLink(process, {PORT_ENV: str(chosen)})
     finally:
         stop_tree(process)

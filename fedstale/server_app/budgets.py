@@ -46,6 +46,13 @@ def time_budget(run: RunConfig) -> float:
     return run.max_virtual_time or math.inf
 
 
+def wall_budget(run: RunConfig) -> float:
+    """Seconds of wall clock the run may take in all, counted from its start (inf: no limit):
+    `max-wall-seconds`, and on the wall clock `max-virtual-time` too."""
+    budgets = [run.max_wall_seconds, run.max_virtual_time if run.clock == "wall" else 0.0]
+    return min((b for b in budgets if b), default=math.inf)
+
+
 def spent(
     run: RunConfig, version: int, accepted: int, wall_seconds: float, now: float, target_hit: bool
 ) -> str:

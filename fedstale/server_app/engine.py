@@ -21,7 +21,14 @@ from fedstale.common.latency import LatencyProfile
 from fedstale.common.models import ParamLayout
 from fedstale.common.schema import ARRAYS, MSG_TRAIN, RETURN_MODEL, InvalidReply, TaskSpec
 from fedstale.common.seeding import task_seed
-from fedstale.server_app.budgets import TIME_BUDGET, Counters, Stopwatch, spent, time_budget
+from fedstale.server_app.budgets import (
+    TIME_BUDGET,
+    Counters,
+    Stopwatch,
+    spent,
+    time_budget,
+    wall_budget,
+)
 from fedstale.server_app.central_dp import CentralDP
 from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
@@ -513,8 +520,12 @@ class Engine:
     def wait_for_clients(self) -> None:
         """Block until every client has a node (virtual clock) or the wait runs out."""
         deadline = time.monotonic() + self.run.node_wait_seconds
+        warned = False
         while len(self.nodes.clients) < self.run.num_clients and time.monotonic() < deadline:
             self.refresh_nodes(force=True)
+            if not warned:
+                warned = True
+                self.warn_wait_against_budget()
             time.sleep(self.run.poll_interval)
         found, wanted = len(self.nodes.clients), self.run.num_clients
         if found == wanted:
@@ -528,6 +539,25 @@ class Engine:
         if self.run.clock == "virtual" or found == 0:
             raise EngineError(message)
         log.warning(message)
+
+    def warn_wait_against_budget(self) -> None:
+        """Say before waiting when the wait for missing clients could take half the run's
+        wall-clock budget or more (the budget counts the wait)."""
+        found, wanted = len(self.nodes.clients), self.run.num_clients
+        budget, wait = wall_budget(self.run), self.run.node_wait_seconds
+        if found >= wanted or wait < budget / 2:
+            return
+        left = max(budget - wait, 0.0)
+        log.warning(
+            "waiting up to %g s (node-wait-seconds) for %d clients (%d answered so far), but the "
+            "run's wall-clock budget is %g s and counts the wait: if they are late, %g s are "
+            "left to train; start every node first, lower node-wait-seconds or raise the budget",
+            wait,
+            wanted,
+            found,
+            budget,
+            left,
+        )
 
     def run_loop(self) -> None:
         self.wait_for_clients()

@@ -26,6 +26,7 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
+    score_key,
     score_label,
     score_words,
     summary_score,
@@ -258,7 +259,7 @@ def finish(
     if any(math.isfinite(s) for s in scores):  # a library run without evaluate_fn scores none
         times = [e.virtual_time for e in engine.evaluations]
         label = score_label(run.metric, engine.scores.per_client)
-        recorder.plot(door.plot_title(run), times, scores, label)
+        recorder.plot(door.plot_title(run), times, scores, label, score_key(run.metric))
     log.info("done: %s", done_line(run, summary, recorder))
     return summary
 

@@ -1,5 +1,5 @@
 """Results of a run in runs/<name>/: config.json (with the run's provenance), run.log,
-metrics.jsonl, updates.jsonl, summary.json, model.pt and accuracy.png (accuracy against
+metrics.jsonl, updates.jsonl, summary.json, model.pt and accuracy.png (the score against
 virtual time).
 
 A folder that holds an earlier run is never cleared: a run with a used `run-name` is refused
@@ -177,8 +177,14 @@ class RunRecorder:
         )
 
     def plot(
-        self, title: str, times: list[float], accuracies: list[float], ylabel: str = "test accuracy"
+        self,
+        title: str,
+        times: list[float],
+        accuracies: list[float],
+        ylabel: str = "test accuracy",
+        name: str = "accuracy",
     ) -> None:
+        """<name>.png: the run's score (accuracy.png, neg_mse.png, ...) over virtual time."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -191,7 +197,7 @@ class RunRecorder:
         ax.set_title(title)
         ax.grid(alpha=0.3)
         fig.tight_layout()
-        fig.savefig(self.dir / "accuracy.png", dpi=110)
+        fig.savefig(self.dir / f"{name}.png", dpi=110)
         plt.close(fig)
 
 

@@ -19,21 +19,41 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     times = [e.virtual_time for e in evals]
     accuracies = [e.accuracy for e in evals]
     scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
-    counters, strategy = engine.counters, engine.strategy
     key = score_key(engine.run.metric)
+    return finite_or_null(
+        {
+            "strategy": engine.run.strategy,
+            "evaluation": "per-client" if engine.scores.per_client else "global",
+            # a run that never scored (a library run without evaluate_fn) names no metric
+            "metric": metric_name(engine.run.metric) if scored else None,
+            "stop_reason": engine.stop_reason,
+            f"final_{key}": accuracies[-1],
+            f"best_{key}": max(scored) if scored else None,
+            "acc_std" if key == "accuracy" else f"{key}_std": (
+                statistics.pstdev(scored) if scored else None
+            ),
+            "aulc_days": aulc(times, accuracies) if scored else None,
+            **counts(engine, wall_seconds, loop_seconds),
+        }
+    )
+
+
+def finite_or_null(value: Any) -> Any:
+    """NaN and infinity as null: bare NaN is not JSON to strict readers (jq, browsers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_null(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_null(v) for v in value]
+    return value
+
+
+def counts(engine: Engine, wall_seconds: float, loop_seconds: float) -> dict[str, Any]:
+    evals, counters, strategy = engine.evaluations, engine.counters, engine.strategy
     return {
-        "strategy": engine.run.strategy,
-        "evaluation": "per-client" if engine.scores.per_client else "global",
-        "metric": metric_name(engine.run.metric),
-        "stop_reason": engine.stop_reason,
-        f"final_{key}": accuracies[-1],
-        f"best_{key}": max(scored) if scored else math.nan,
-        "acc_std" if key == "accuracy" else f"{key}_std": (
-            statistics.pstdev(scored) if scored else math.nan
-        ),
-        "aulc_days": aulc(times, accuracies),
         "time_to_target": engine.time_to_target,
-        "virtual_time": times[-1],
+        "virtual_time": evals[-1].virtual_time,
         "versions": engine.version,
         "updates_accepted": counters.accepted,
         "updates_rejected": counters.rejected,
@@ -41,6 +61,7 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
         "late_refused": dict(counters.late_refused),  # reason -> late replies the rule refused
         "tasks_lost": counters.failed,
         "tasks_superseded": counters.superseded,
+        "tasks_in_flight": len(engine.tasks),  # dispatched, unanswered when the run stopped
         "downlinks": counters.dispatched,  # train messages: tasks, replacements, multicasts
         # replies to live or written-off tasks (superseded ones are dropped uncounted)
         "uplinks": counters.accepted + counters.rejected + sum(counters.late_refused.values()),

@@ -118,10 +118,6 @@ def reply_from_content(msg_id: str, content: RecordDict) -> Reply:
     return Reply(msg_id, metrics=dict(metrics), arrays=decoded, sets=sets, problem=problem)
 
 
-def overlap_dropped(msg_id: str) -> None:
-    log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
-
-
 class Pull:
     """One `grid.pull_messages` call on a daemon thread (a stuck one must not hold up exit)."""
 
@@ -167,6 +163,7 @@ class GridTransport:
         self.simulated = type(grid).__name__ == "InMemoryGrid"  # Flower simulation's Grid
         self.ttl = ttl
         self.pull_wait = pull_wait
+        self.overlaps_said: set[str] = set()
         self.pulls: list[Pull] = []
         self.ready: dict[str, tuple[float, Reply]] = {}  # msg_id -> (when pulled, reply)
         self.held: dict[str, Reply] = {}  # error replies another running pull may overrule
@@ -242,14 +239,20 @@ class GridTransport:
         pending = self.ready.get(msg_id)
         if reply.error_code is None:
             if self.held.pop(msg_id, None) is not None or pending is not None:
-                overlap_dropped(msg_id)
+                self._overlap_dropped(msg_id)
             self.ready[msg_id] = (now, reply)
         elif msg_id in self.delivered or (pending and pending[1].error_code is None):
-            overlap_dropped(msg_id)
+            self._overlap_dropped(msg_id)
         elif any(msg_id in p.ids for p in running):
             self.held[msg_id] = reply  # the pull still running may bring the real reply
         elif pending is None:
             self.ready[msg_id] = (now, reply)
+
+    def _overlap_dropped(self, msg_id: str) -> None:
+        """Said once per id: each later pull of the same id brings the same error again."""
+        if msg_id not in self.overlaps_said:
+            self.overlaps_said.add(msg_id)
+            log.info("an overlapping pull's error reply to %s dropped: its reply is in", msg_id)
 
     def _forget(self, now: float, running: list[Pull]) -> None:
         """Drop replies unclaimed for UNCLAIMED_SECONDS, and delivered ids that no running

@@ -20,7 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import FIX_HINT, ConfigError, KebabModel, RunConfig, parse_model
+from fedstale.common.config import (
+    FIX_HINT,
+    KEYS_HINT,
+    ConfigError,
+    KebabModel,
+    RunConfig,
+    parse_model,
+)
 from fedstale.strategies.base import Strategy
 from fedstale.strategies.client import ClientRule
 from fedstale.strategies.rule import Rule
@@ -121,7 +128,7 @@ def _reject_unknown_keys(values: Mapping[str, Any]) -> None:
     known = known_keys()
     for key in sorted(set(values) - known):
         close = difflib.get_close_matches(key, known, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else "see [tool.flwr.app.config]"
+        hint = f"did you mean '{close[0]}'?" if close else KEYS_HINT
         raise ConfigError(f"run config: unknown key '{key}'; {hint}")
 
 

@@ -1,0 +1,170 @@
+"""Ports that cannot collide (fedstale/launcher/ports.py): a SuperNode whose port another
+process takes first is started again on another port, a node that cannot start is one line
+naming it, and two deployments started at once both complete."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fedstale.launcher import cli, deploy
+from fedstale.launcher.deploy import LocalDeployment
+from fedstale.launcher.launch import tool
+from fedstale.launcher.ports import LaunchError, owner_listens, reserved_port
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500"
+
+
+def test_a_reserved_port_is_handed_to_nobody_else_but_its_server_can_listen() -> None:
+    with reserved_port() as port:
+        handed = set()
+        for _ in range(5000):
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                handed.add(sock.getsockname()[1])
+        assert port not in handed
+        with socket.socket() as server:  # as uvicorn binds: SO_REUSEADDR
+            server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            server.bind(("127.0.0.1", port))
+            server.listen()
+
+
+def test_a_listener_counts_only_when_it_is_the_process_own() -> None:
+    with reserved_port() as port, socket.socket() as stranger:
+        stranger.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        stranger.bind(("127.0.0.1", port))
+        code = "import time; time.sleep(30)"
+        process = subprocess.Popen([sys.executable, "-c", code])
+        try:
+            assert owner_listens(process, port) is None
+            stranger.listen()
+            assert owner_listens(process, port) is False  # someone listens, not the process
+        finally:
+            process.kill()
+            process.wait()
+
+
+class PortThief:
+    """Listens on the port a SuperNode was given just before it starts, as another process
+    on a busy machine can: `times` times for each partition named."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, times: dict[int, int]) -> None:
+        self.left = dict(times)
+        self.stolen: list[socket.socket] = []
+        self.spawned: list[subprocess.Popen] = []
+        self.real_spawn = deploy.spawn
+        monkeypatch.setattr(deploy, "spawn", self.spawn)
+
+    def spawn(self, command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
+        found = re.search(r"partition-id=(\d+)", " ".join(command))
+        if "flower-supernode" in command[0] and found:
+            partition = int(found.group(1))
+            if self.left.get(partition, 0) > 0:
+                self.left[partition] -= 1
+                self.take(int(command[command.index("--port") + 1]))
+        process = self.real_spawn(command, env, log)
+        self.spawned.append(process)
+        return process
+
+    def take(self, port: int) -> None:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", port))
+        sock.listen()
+        self.stolen.append(sock)
+
+    def close(self) -> None:
+        for sock in self.stolen:
+            sock.close()
+
+
+@pytest.fixture
+def thief(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> Iterator[PortThief]:
+    taker = PortThief(monkeypatch, request.param)
+    yield taker
+    taker.close()
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("thief", [{0: 1, 2: 2}], indirect=True)
+def test_nodes_whose_ports_are_taken_first_start_on_others_and_all_are_online(
+    thief: PortThief, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    deployment = LocalDeployment(tmp_path / "home", 3)
+    with deployment:
+        taken = {sock.getsockname()[1] for sock in thief.stolen}
+        assert len(taken) == 3 and not taken & set(deployment.node_ports.values())
+        assert all(node.poll() is None for node in deployment.nodes.values())
+        assert deployment.online_nodes() == 3
+    said = capfd.readouterr().err
+    assert said.count("was taken; starting it on another") == 3, said
+    assert all(process.poll() is not None for process in thief.spawned)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("thief", [{1: 99}], indirect=True)
+def test_a_node_that_cannot_start_fails_the_deployment_in_one_line_naming_it(
+    thief: PortThief, tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    home = tmp_path / "home"
+    config = f"{TINY} max-updates=4"
+    argv = ["deploy", "--nodes", "2", "--keep-dir", str(home), "--run-config", config]
+    assert cli.main(argv) == 2
+    last = capfd.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fedstale: SuperNode 1 (partition-id=1) did not start on 4 ports")
+    assert f"its log: {home / 'supernode-1.log'}" in last and "listens on port" in last
+    assert all(process.poll() is not None for process in thief.spawned)  # nothing left
+    assert len(thief.spawned) == 1 + 1 + 4  # the SuperLink, node 0, four tries of node 1
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("thief", [{}], indirect=True)  # steals nothing, watches the starts
+def test_a_superlink_on_a_port_fixed_by_the_user_that_is_taken_is_one_line(
+    thief: PortThief, tmp_path: Path
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        deployment = LocalDeployment(tmp_path / "home", 1, port=port)
+        with pytest.raises(LaunchError, match=rf"flower-superlink did not start on port {port}"):
+            deployment.start()
+    assert len(thief.spawned) == 1 and thief.spawned[0].poll() is not None
+    assert deployment.nodes == {}
+
+
+@pytest.mark.integration
+def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path) -> None:
+    """Two `fedstale deploy` of the same config at the same moment, each its own SuperLink
+    and SuperNodes on ports of their own."""
+    config = f"{TINY} max-updates=4 run-name=twice"
+    results: dict[int, subprocess.CompletedProcess] = {}
+
+    def deploy_one(index: int) -> None:
+        folder = tmp_path / f"user{index}"
+        folder.mkdir()
+        command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", "240"]
+        command += ["--app", str(ROOT), "--run-config", f"{config} runs-dir={folder / 'runs'}"]
+        results[index] = subprocess.run(
+            command, cwd=folder, capture_output=True, text=True, timeout=300, check=False
+        )
+
+    threads = [threading.Thread(target=deploy_one, args=(i,)) for i in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for index, result in results.items():
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert "2 SuperNode(s) up" in result.stderr
+        summary = json.loads((tmp_path / f"user{index}/runs/twice/summary.json").read_text())
+        assert summary["updates_accepted"] == 4
