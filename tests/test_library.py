@@ -330,6 +330,10 @@ def test_the_quickstart_clientapp_knows_nothing_of_fedstale() -> None:
     assert "from fedstale import FedBuff" in server
 
 
+def refuse_nan(constant: str) -> float:
+    raise AssertionError(f"summary.json holds a bare {constant}: not JSON to strict readers")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("rule", "scored"), [("FedBuff", True), ("FedAsync", False), ("FedAvg", True)]
@@ -345,14 +349,19 @@ def test_quickstart_trains_under_fedstale_in_simulation(
         app = app_with(tmp_path / "unscored", app, "evaluate_fn=global_evaluate,", "")
     output = flwr_run(link.env, app, "num-server-rounds=4")
     run = new_run(work, before)
-    summary = json.loads((run / "summary.json").read_text())
+    summary = json.loads((run / "summary.json").read_text(), parse_constant=refuse_nan)
     assert summary["strategy"] == rule.lower()
     assert (summary["versions"], summary["updates_rejected"]) == (4, 0)
+    # every task sent is accounted for: accepted, lost, or still in flight at the end
+    fates = ("updates_accepted", "tasks_lost", "tasks_superseded", "tasks_in_flight")
+    assert summary["tasks_dispatched"] == sum(summary[key] for key in fates), summary
     accuracies = [row["accuracy"] for row in read_jsonl(run / "metrics.jsonl")]
     if scored:
         assert accuracies[-1] > accuracies[0] + 0.1, accuracies
     else:
-        assert all(math.isnan(a) for a in accuracies) and math.isnan(summary["best_accuracy"])
+        assert all(math.isnan(a) for a in accuracies)
+        unmeasured = ("metric", "final_accuracy", "best_accuracy", "acc_std", "aulc_days")
+        assert {key: summary[key] for key in unmeasured} == dict.fromkeys(unmeasured)
         assert not (run / "accuracy.png").exists()
     clients = {row["client"] for row in read_jsonl(run / "updates.jsonl")}
     assert len(clients) >= 2 and clients <= {0, 1, 2, 3}

@@ -106,7 +106,7 @@ def test_nodes_whose_ports_are_taken_first_start_on_others_and_all_are_online(
         assert all(node.poll() is None for node in deployment.nodes.values())
         assert deployment.online_nodes() == 3
     said = capfd.readouterr().err
-    assert said.count("was taken; starting it on another") == 3, said
+    assert said.count("was taken; starting it again on another port") == 3, said
     assert all(process.poll() is not None for process in thief.spawned)
 
 

@@ -23,8 +23,8 @@ import pytest
 
 from fedstale.common.config import ConfigError
 from fedstale.launcher.cli import main
-from fedstale.launcher.deploy import spawn, stop_tree, wait_for_port
-from fedstale.launcher.ports import descendants, free_port
+from fedstale.launcher.deploy import spawn, stop_tree
+from fedstale.launcher.ports import descendants, free_port, start_listening
 from fedstale.launcher.ray_cluster import ray_cluster
 from fedstale.server_app.results import read_jsonl
 from tests.flower_procs import SimulationSuperLink
@@ -55,7 +55,7 @@ class RayCluster:
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ray", dir="/tmp"))
-        self.port = free_port()
+        self.port = 0  # the head's GCS port, once it listens
         self.starts: list[subprocess.Popen] = []
         self.pids: set[int] = set()
         env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
@@ -66,24 +66,26 @@ class RayCluster:
         return f"127.0.0.1:{self.port}"
 
     def add_node(self, name: str) -> None:
-        """A node of one CPU and the resource `name`: the first one the head (its GCS on
-        `port`), the others joining it. Every port Ray would otherwise take fixed is free."""
+        """A node of one CPU and the resource `name`: the first one the head (its GCS on a
+        reserved port, started again on another if it does not come up), the others joining
+        it. Every port Ray would otherwise take fixed is free."""
         command = [str(RAY), "start", "--block", "--disable-usage-stats"]
         command += ["--node-ip-address=127.0.0.1", "--num-cpus=1", f"--temp-dir={self.root / name}"]
         command += [f"--resources={json.dumps({name: 1})}"]
         command += [f"--dashboard-agent-listen-port={free_port()}"]
+        log = self.root / f"{name}.log"
         if self.starts:
             command += [f"--address={self.address}"]
-        else:
-            command += ["--head", f"--port={self.port}", "--include-dashboard=false"]
-            command += [
-                f"--dashboard-port={free_port()}",
-                f"--ray-client-server-port={free_port()}",
-            ]
-        process = spawn(command, self.env, self.root / f"{name}.log")
+            self.starts.append(spawn(command, self.env, log))
+            return
+
+        def head(port: int) -> subprocess.Popen:
+            flags = ["--head", f"--port={port}", "--include-dashboard=false"]
+            flags += [f"--dashboard-port={free_port()}", f"--ray-client-server-port={free_port()}"]
+            return spawn([*command, *flags], self.env, log)
+
+        process, self.port = start_listening(head, "the Ray head", log, stop=stop_tree)
         self.starts.append(process)
-        if len(self.starts) == 1:
-            wait_for_port(self.port, 60.0, process, "the Ray head")
 
     def state(self, nodes: int = 0) -> dict:
         """tests/ray_state.py's report (after waiting for `nodes` live nodes)."""
@@ -210,10 +212,11 @@ def test_a_listening_head_is_the_cluster() -> None:
         ("head:70000", "is not a Ray cluster's address"),
         ("head:port", "is not a Ray cluster's address"),
         ("ray://head:10001", "is a Ray Client address"),
-        (f"127.0.0.1:{free_port()}", "no Ray head answers there"),
+        ("127.0.0.1:CLOSED", "no Ray head answers there"),  # a free port, chosen in the test
     ],
 )
 def test_a_bad_address_is_one_line(address: str, message: str) -> None:
+    address = address.replace("CLOSED", str(free_port()))  # not at collection: xdist workers
     with pytest.raises(ConfigError, match=message) as info:
         ray_cluster({"RAY_ADDRESS": address}, {})
     assert "\n" not in str(info.value)

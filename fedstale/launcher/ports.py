@@ -14,9 +14,10 @@ and the Flower process then fails to bind it. Here a port is instead:
    there does not count.
 3. released, once the process listens (or has failed).
 
-A process that exits before it listens, or finds the port taken, is stopped and started again
-on another port, `ATTEMPTS` times in all; then one `LaunchError` line names the process, its
-log file and the cause read from the log.
+A process that exits before it listens, or finds its port taken, is stopped and started again
+on another port, `ATTEMPTS` times in all (a process that neither listens nor exits within
+the timeout is not tried again); then one `LaunchError` line names the process, its log
+file and the cause read from the log.
 """
 
 from __future__ import annotations
@@ -150,6 +151,7 @@ class Attempt:
     listening: bool
     taken: bool = False
     why: str = ""
+    timed_out: bool = False
 
 
 def await_listening(
@@ -168,7 +170,8 @@ def await_listening(
         if owned is False:
             return Attempt(False, True, f"another process listens on port {port}")
         time.sleep(0.1)
-    return Attempt(False, False, f"not listening on 127.0.0.1:{port} after {timeout:g} s")
+    why = f"not listening on 127.0.0.1:{port} after {timeout:g} s"
+    return Attempt(False, False, why, timed_out=True)
 
 
 def start_listening(
@@ -195,8 +198,9 @@ def start_listening(
         if attempt.listening:
             return process, chosen
         stop(process)
-        if not attempt.taken or number == tries:
+        if attempt.timed_out or number == tries:
             break
-        print(f"fedstale: {name}: port {chosen} was taken; starting it on another", file=sys.stderr)
+        again = f"port {chosen} was taken" if attempt.taken else "it exited at start"
+        print(f"fedstale: {name}: {again}; starting it again on another port", file=sys.stderr)
     ports = f"{number} ports" if number > 1 else "port " + str(chosen)
     raise LaunchError(f"{name} did not start on {ports} ({attempt.why}); its log: {log}")
