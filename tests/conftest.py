@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -44,6 +47,45 @@ def pytest_collection_modifyitems(
 
         _TEMP_DIRS.append(tempfile.mkdtemp(prefix="fedstale-containers-"))
         prebuild(Path(_TEMP_DIRS[-1]))
+
+
+FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-")
+# Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
+# included), so what this process started is found, and a suite running beside it is not.
+SESSION_MARK = f"FEDSTALE_TEST_SESSION={os.getpid()}-{time.time_ns()}"
+os.environ["FEDSTALE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+
+
+def flower_processes_of_this_session() -> list[tuple[int, str]]:
+    """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*) that carry the mark."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            marked = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if marked and any(m in command for m in FLOWER_COMMANDS):
+            found.append((int(entry.name), command[:200]))
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_flower_process_left() -> Iterator[None]:
+    """Set up first, torn down last: after every test of this process (a worker, in a
+    parallel session), no Flower process any of them started may be left running."""
+    yield
+    deadline = time.monotonic() + 20.0  # a SIGTERMed process may take a moment to exit
+    while (left := flower_processes_of_this_session()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid, _ in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left, f"Flower processes left running by the tests: {left}"
 
 
 @pytest.fixture(scope="session")
