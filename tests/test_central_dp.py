@@ -1,6 +1,7 @@
 """Central DP in the engine (fedstale/server_app/central_dp.py): clipping before the rule,
-noise of the declared deviation on every release, seeded for replay, accounted with
-Flower's RdpAccountant, and a budget that ends the run."""
+noise of the declared deviation (per client) on every release, unpredictable unless a
+replay seed is asked for, accounted with Flower's RdpAccountant (or PLD), a budget that
+ends the run, and nodes that do not clip excluded."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from fedstale.server_app.central_dp import (
     releases_within,
 )
 from fedstale.server_app.engine import Engine
+from fedstale.strategies.base import Update
 from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
 from fedstale.strategies.fedavg import FedAvg
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
@@ -43,7 +45,9 @@ STEP = 1.0  # every client's delta: (1, 1, 1), norm sqrt(3)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def dp_engine(strategy_cls: type, params: Any, train_fn: Any = None, **overrides: Any) -> Engine:
+def dp_engine(
+    strategy_cls: type, params: Any, train_fn: Any = None, nodes: int = 6, **overrides: Any
+) -> Engine:
     settings = {
         "num-clients": 6,
         "concurrency": 3,
@@ -59,7 +63,7 @@ def dp_engine(strategy_cls: type, params: Any, train_fn: Any = None, **overrides
     }
     run = run_config(**settings)
     strategy = strategy_cls(run, params, np.zeros(3, dtype=np.float32))
-    transport = ScriptedTransport(6, train_fn or delta_reply, seed=1)
+    transport = ScriptedTransport(nodes, train_fn or delta_reply, seed=1)
     return Engine(
         run,
         strategy,
@@ -85,6 +89,23 @@ def per_version_weights(engine: Engine) -> dict[int, list[float]]:
     return out
 
 
+def per_version_client_sums(engine: Engine) -> dict[int, float]:
+    """Each release's largest sum, over its clients, of one client's weights."""
+    sums: dict[int, dict[int, float]] = {}
+    for row in engine.recorder.updates:  # type: ignore[attr-defined]
+        of_version = sums.setdefault(row["version"], {})
+        of_version[row["client"]] = of_version.get(row["client"], 0.0) + abs(row["weight"])
+    return {version: max(clients.values()) for version, clients in sums.items()}
+
+
+def replayed_noise(engine: Engine, z: float, norm: float, seed: int) -> np.ndarray:
+    """The sum of the noise `dp-noise-seed=seed` gives every release of `engine`."""
+    return sum(
+        np.random.default_rng([seed, NOISE_STREAM, version]).normal(0, z * top * norm, size=3)
+        for version, top in per_version_client_sums(engine).items()
+    )
+
+
 def test_server_clipping_scales_each_delta_to_the_norm_before_the_rule_sees_it() -> None:
     """FedBuff, clipping only: each (1,1,1) delta arrives as 0.5 / sqrt(3) per coordinate,
     so the model is sum over releases of sum_i w_i * 0.5 / sqrt(3)."""
@@ -96,24 +117,64 @@ def test_server_clipping_scales_each_delta_to_the_norm_before_the_rule_sees_it()
     assert engine.privacy.epsilon() is None  # clipping without noise: no guarantee
 
 
-def test_every_release_gets_noise_of_z_times_its_sensitivity_from_a_seeded_stream() -> None:
+def test_with_dp_noise_seed_every_release_replays_noise_of_z_times_its_sensitivity() -> None:
     """The noised model minus the clip-only model is, release by release, the draw of
-    rng([seed, NOISE_STREAM, version]) with standard deviation z * max_i w_i * C (the
-    deltas do not depend on the model here, so the two runs see the same updates)."""
+    rng([dp-noise-seed, NOISE_STREAM, version]) with standard deviation z * C * (the largest
+    per-client sum of weights) (the deltas do not depend on the model here, so the two runs
+    see the same updates); another dp-noise-seed gives other noise."""
     clean = ran(dp_engine(FedBuff, FedBuffParams()))
     z, norm = 1.5, 0.5
-    noisy = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": z}))
-    weights = per_version_weights(noisy)
-    assert weights == per_version_weights(clean)
-    noise = sum(
-        np.random.default_rng([0, NOISE_STREAM, version]).normal(0, z * max(w) * norm, size=3)
-        for version, w in weights.items()
-    )
-    np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, noise, atol=1e-5)
-    again = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": z}))
+    noisy_config = {"dp-noise-multiplier": z, "dp-noise-seed": 4}
+    noisy = ran(dp_engine(FedBuff, FedBuffParams(), **noisy_config))
+    assert per_version_weights(noisy) == per_version_weights(clean)
+    expected = replayed_noise(noisy, z, norm, seed=4)
+    np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, expected, atol=1e-5)
+    again = ran(dp_engine(FedBuff, FedBuffParams(), **noisy_config))
     np.testing.assert_array_equal(again.strategy.model, noisy.strategy.model)  # bit for bit
-    other = ran(dp_engine(FedBuff, FedBuffParams(), seed=1, **{"dp-noise-multiplier": z}))
+    other_config = {**noisy_config, "dp-noise-seed": 5}
+    other = ran(dp_engine(FedBuff, FedBuffParams(), **other_config))
     assert not np.array_equal(other.strategy.model, noisy.strategy.model)
+    assert noisy.privacy is not None
+    assert (
+        noisy.privacy.summary()["privacy"]["noise"] == "replayable from dp-noise-seed: not private"
+    )
+
+
+def test_without_dp_noise_seed_nobody_who_knows_the_run_config_can_replay_the_noise() -> None:
+    """Two runs of the same config (the same seed, as every ClientApp knows it) draw
+    different noise, and neither is the stream of the run's seed."""
+    clean = ran(dp_engine(FedBuff, FedBuffParams()))
+    z, norm = 1.5, 0.5
+    first = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": z}))
+    second = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": z}))
+    assert per_version_weights(first) == per_version_weights(second)  # the same releases
+    first_noise = first.strategy.model - clean.strategy.model
+    assert not np.allclose(first_noise, second.strategy.model - clean.strategy.model)
+    for guess in (first.run.seed, 0, 1):
+        assert not np.allclose(first_noise, replayed_noise(first, z, norm, seed=guess))
+    assert first.privacy is not None
+    assert first.privacy.summary()["privacy"]["noise"] == "operating-system entropy"
+
+
+def test_a_client_with_several_updates_in_a_release_is_noised_by_their_summed_weights() -> None:
+    """2 clients, buffer-size 5: every release holds one client at least 3 times. Worked by
+    hand for FedBuff (eta 1, fresh updates weigh 1/5 each): a release of clients
+    [0, 1, 0, 1, 0] has per-client sums 0.6 and 0.4, so S = 0.6 C, three times the largest
+    single weight's 0.2 C. The noise of every release follows the per-client sum, so epsilon
+    is the accountant's for z per release (the true sensitivity's)."""
+    z, norm = 1.0, 0.5
+    two = {"num-clients": 2, "concurrency": 2, "buffer-size": 5, "max-versions": 10}
+    clean = ran(dp_engine(FedBuff, FedBuffParams(), nodes=2, **two))
+    noisy_config = {**two, "dp-noise-multiplier": z, "dp-noise-seed": 7}
+    noisy = ran(dp_engine(FedBuff, FedBuffParams(), nodes=2, **noisy_config))
+    sums = per_version_client_sums(noisy)
+    singles = {v: max(w) for v, w in per_version_weights(noisy).items()}
+    assert len(sums) == 10 and all(sums[v] >= 2.5 * singles[v] for v in sums)
+    expected = replayed_noise(noisy, z, norm, seed=7)
+    np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, expected, atol=1e-5)
+    assert noisy.privacy is not None
+    assert noisy.privacy.last_std == pytest.approx(z * norm * sums[10])
+    assert noisy.privacy.epsilon() == pytest.approx(epsilon_after(noisy.run, 10), rel=1e-12)
 
 
 def test_the_epsilon_spent_is_flowers_rdp_accountant_over_one_event_per_release() -> None:
@@ -182,13 +243,101 @@ def test_client_clipping_sends_the_norm_and_rejects_an_update_that_exceeds_it(
 ) -> None:
     client = {"dp-clipping": "client", "max-virtual-time": 3000.0, "max-versions": 4}
     engine = ran(dp_engine(FedBuff, FedBuffParams(), unclipped, **client))
-    assert engine.counters.accepted == 0 and engine.counters.rejected > 0
+    assert engine.counters.accepted == 0
     assert "exceeds dp-clipping-norm 0.5: the ClientApp does not clip" in caplog.text
+    # each of the 6 nodes excluded at its 3rd rejection (dp-max-rejections), then the run ends
+    assert engine.counters.rejected == 6 * 3
+    assert caplog.text.count("excluded from the run: 3 of its updates exceeded") == 6
+    assert engine.stop_reason.startswith("every node was excluded for updates above")
     sent = engine.transport.sent  # type: ignore[attr-defined]
     tasks = [config for _, _, config in sent if TaskKeys.TASK_ID in config]
     assert tasks and all(config[CLIPPING_NORM] == 0.5 for config in tasks)
     clipped = ran(dp_engine(FedBuff, FedBuffParams(), clipping, **client))
     assert clipped.counters.rejected == 0 and clipped.version == 4
+
+
+def test_one_node_that_does_not_clip_is_excluded_and_the_others_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    def node_2_does_not_clip(partition: int, config: Any, arrays: dict) -> tuple[dict, dict]:
+        return (unclipped if partition == 2 else clipping)(partition, config, arrays)
+
+    client = {"dp-clipping": "client", "max-versions": 20, "dp-max-rejections": 2}
+    engine = ran(dp_engine(FedBuff, FedBuffParams(), node_2_does_not_clip, **client))
+    assert engine.version == 20 and engine.counters.rejected == 2
+    assert 2 not in engine.nodes.clients and len(engine.nodes.clients) == 5
+    assert "(client 2) excluded from the run: 2 of its updates" in caplog.text
+    clients = {row["client"] for row in engine.recorder.updates}  # type: ignore[attr-defined]
+    assert 2 not in clients and len(clients) == 5
+
+
+def test_an_update_within_the_float_slack_of_the_norm_is_clipped_to_the_norm() -> None:
+    """Client mode accepts a norm up to C (1 + 1e-4) (a float32 clip may land a hair above
+    C) and scales it to C: nothing above C enters a release."""
+    run = run_config(**{"dp-clipping": "client", "dp-clipping-norm": 1.0})
+    privacy = CentralDP.for_run(run)
+    assert privacy is not None
+    over = np.array([1.0 + 5e-5, 0.0, 0.0], np.float32)
+    clipped = privacy.clip(Update(0, 0, 0, 0, 1, over), None)
+    assert float(np.linalg.norm(clipped.vector.astype(np.float64))) <= 1.0
+    within = np.array([0.6, 0.8, 0.0], np.float32) * np.float32(0.999)
+    assert privacy.clip(Update(0, 0, 0, 0, 1, within), None).vector is within
+
+
+def test_the_pld_accountant_gives_dp_accountings_pld_epsilon_for_the_same_releases() -> None:
+    """`dp-accountant=pld`: the same Gaussian events composed by dp_accounting's
+    PLDAccountant directly (17.86 against RDP's 19.05 for 10 releases at z = 1)."""
+    import dp_accounting
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    releases = {"max-versions": 10, "dp-noise-multiplier": 1.0}
+    pld = ran(dp_engine(FedBuff, FedBuffParams(), **releases, **{"dp-accountant": "pld"}))
+    rdp = ran(dp_engine(FedBuff, FedBuffParams(), **releases))
+    direct = PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    direct.compose(dp_accounting.GaussianDpEvent(1.0), 10)
+    assert pld.privacy is not None and rdp.privacy is not None
+    assert pld.privacy.epsilon() == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    assert pld.privacy.epsilon() == pytest.approx(17.857, abs=0.01)
+    assert rdp.privacy.epsilon() == pytest.approx(19.0536, abs=1e-3)
+    summary = pld.privacy.summary()["privacy"]
+    assert summary["accounting"].startswith("pld, add-or-remove-one client")
+    fresh = dp_engine(FedBuff, FedBuffParams(), **releases, **{"dp-accountant": "pld"})
+    fresh.load_state(json.loads(json.dumps(pld.state())))  # through a checkpoint
+    assert fresh.privacy is not None
+    assert fresh.privacy.epsilon() == pytest.approx(pld.privacy.epsilon(), rel=1e-12)
+
+
+class Deployed(ScriptedTransport):
+    simulated = False
+
+
+def test_a_noise_seed_is_refused_in_a_deployment_and_said_in_a_simulation(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fedstale.server_app.lifecycle import check_noise_seed
+
+    run = run_config(**{"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0, "dp-noise-seed": 3})
+    with pytest.raises(ConfigError, match="dp-noise-seed=3 makes the DP noise replayable") as err:
+        check_noise_seed(run, Deployed(2, delta_reply))
+    assert "\n" not in str(err.value)
+    check_noise_seed(run, ScriptedTransport(2, delta_reply))
+    assert "the DP noise is replayable from the seed and NOT private" in caplog.text
+
+
+def test_dp_client_values_omit_keeps_only_what_the_guarantee_covers() -> None:
+    """FedPSA's weights come from the clients' sketches and its rows carry kappa: with
+    `omit`, the rows keep the dispatch schedule; a linear rule keeps its weights too."""
+    row = {"client": 1, "task": 7, "staleness": 2, "weight": 0.3, "kappa": 0.8, "late": True}
+    omit = {"dp-clipping-norm": 1.0, "dp-client-values": "omit"}
+    fedpsa = CentralDP.for_run(run_config(strategy="fedpsa", **omit))
+    fedbuff = CentralDP.for_run(run_config(**omit))
+    kept = CentralDP.for_run(run_config(strategy="fedpsa", **{"dp-clipping-norm": 1.0}))
+    assert fedpsa is not None and fedbuff is not None and kept is not None
+    assert fedpsa.public_record(row) == {"client": 1, "task": 7, "staleness": 2, "late": True}
+    assert fedbuff.public_record(row) == {k: v for k, v in row.items() if k != "kappa"}
+    assert kept.public_record(row) == row
+    with pytest.raises(ConfigError, match="per-client evaluation scores the clients' own data"):
+        load_config({**omit, "eval-target": "per-client"})
 
 
 def test_the_privacy_state_survives_a_checkpoint() -> None:
@@ -218,6 +367,8 @@ def test_the_privacy_state_survives_a_checkpoint() -> None:
         ),
         ({"dp-noise-multiplier": 1.0}, "dp-noise-multiplier needs a clipping norm"),
         ({"dp-max-epsilon": 3.0}, "dp-max-epsilon needs noise"),
+        ({"dp-clipping-norm": 1.0, "dp-noise-seed": 1}, "dp-noise-seed seeds noise"),
+        ({"dp-accountant": "moments"}, "dp-accountant"),
     ],
 )
 def test_what_cannot_take_dp_is_refused_in_one_line(values: dict[str, Any], message: str) -> None:
@@ -226,11 +377,35 @@ def test_what_cannot_take_dp_is_refused_in_one_line(values: dict[str, Any], mess
     assert "\n" not in str(err.value)
 
 
-def test_a_budget_below_one_release_is_refused_before_the_run() -> None:
+def test_a_budget_below_one_release_is_refused_before_the_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from fedstale.launcher.cli import main
+
     dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0, "dp-max-epsilon": 0.5}
     run = run_config(**dp)
     with pytest.raises(ConfigError, match=r"dp-max-epsilon 0.5 is below the epsilon of one"):
         check_budget(run)
+    runs = tmp_path / "new-runs"
+    config = f"dataset=digits runs-dir={runs} " + " ".join(f"{k}={v}" for k, v in dp.items())
+    assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2
+    assert "below the epsilon of one release" in capsys.readouterr().err
+    assert not runs.exists()  # no empty runs directory left behind
+
+
+def test_check_says_when_one_client_holds_several_updates_of_every_release(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from fedstale.launcher.cli import main
+
+    config = "dataset=digits num-clients=4 concurrency=4 buffer-size=10 dp-clipping-norm=1"
+    assert main(["check", "--app", str(ROOT), "--run-config", config]) == 0
+    said = capsys.readouterr().err
+    assert (
+        "fedstale: DP: 10 updates per release from 4 clients: some client holds at least 3" in said
+    )
+    assert main(["check", "--app", str(ROOT), "--run-config", "dataset=digits"]) == 0
+    assert "DP:" not in capsys.readouterr().err
 
 
 def test_a_local_run_reports_its_privacy_and_a_spent_budget_keeps_its_results(

@@ -8,6 +8,7 @@ import ast
 import json
 import math
 import os
+import re
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -380,7 +381,8 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     one release per buffer flush, the epsilon of those releases in the summary and the
     Result."""
     client = (DP_EXAMPLE / "asyncquickstartdp" / "client_app.py").read_text()
-    assert "fedstale" not in client.split('"""')[-1] and "fixedclipping_mod" in client
+    assert "fedstale" not in client.split('"""')[-1]
+    assert "@app.train(mods=[fixedclipping_mod])" in client and "ClientApp()" in client
     link, work = link_in
     before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
     output = flwr_run(link.env, DP_EXAMPLE, "num-server-rounds=4")
@@ -399,6 +401,8 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     assert privacy["epsilon"] == pytest.approx(epsilon_after(run_config, 4), rel=1e-9)
     assert f"Privacy spent: epsilon {privacy['epsilon']:.2f} at delta 1e-05 over 4" in output
     assert "fixedclipping_mod: parameters are clipped" in output
+    # the mod sits on the train handler: federated evaluation answers without the norm
+    assert re.search(r"aggregate_evaluate: Received [1-9]\d* results and 0 failures", output)
 
 
 @pytest.mark.integration

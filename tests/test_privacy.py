@@ -159,14 +159,45 @@ def test_one_client_moves_a_release_by_at_most_its_declared_sensitivity(name: st
     assert tightest > (0.999 if kind == LINEAR else 0.5)
 
 
+def test_a_client_with_several_updates_counts_once_with_its_summed_weights() -> None:
+    """Worked by hand: five updates of weight 0.2, clients [0, 1, 0, 1, 0], C = 2: client
+    0 holds 0.6 of the release, client 1 0.4, so S = 0.6 * 2 = 1.2 (the largest single
+    weight gave 0.4). A convex release is bounded by 2 * (sum of weights) * C however its
+    updates are owned."""
+    weights, owners = [0.2] * 5, [0, 1, 0, 1, 0]
+    assert linear_sensitivity(weights, 2.0, owners) == pytest.approx(1.2)
+    assert release_sensitivity(LINEAR, weights, 2.0, owners) == pytest.approx(1.2)
+    assert release_sensitivity(LINEAR, weights, 2.0) == pytest.approx(0.4)  # one update each
+    assert release_sensitivity(CONVEX, [0.3, 0.3, 0.4], 1.0, [0, 0, 1]) == pytest.approx(2.0)
+
+
+def test_zeroing_a_client_with_two_updates_moves_fedbuff_by_their_summed_weights() -> None:
+    """FedBuff, four updates, client 0 owning two, all deltas the same direction of norm C:
+    zeroing client 0's contributions moves the release by exactly (w_0 + w_2) C, past the
+    largest single weight's bound and at the per-client bound."""
+    direction = np.ones(DIM) / np.sqrt(DIM)
+    owners = [0, 1, 0, 2]
+    updates = [
+        Update(owner, i, 0, i, 10, (direction * C).astype(np.float32))
+        for i, owner in enumerate(owners)
+    ]
+    released, weights = release("fedbuff", updates)
+    zeroed = [replace(u, vector=np.zeros(DIM, np.float32)) if u.client == 0 else u for u in updates]
+    moved, _ = release("fedbuff", zeroed)
+    distance = float(np.linalg.norm(released - moved))
+    assert distance == pytest.approx((weights[0] + weights[2]) * C, rel=1e-5)
+    assert distance > release_sensitivity(LINEAR, weights, C) * 1.5  # one update each: wrong
+    assert distance == pytest.approx(release_sensitivity(LINEAR, weights, C, owners), rel=1e-5)
+
+
 @pytest.mark.parametrize("name", TAKES_DP)
 def test_each_rules_releases_get_noise_of_the_declared_deviation(name: str) -> None:
     """2,000 releases of the rule's own outcome through CentralDP (versions 1..2000, each
-    its own seeded draw): the added noise's sample standard deviation is within 3% of
-    z * S (its standard error: 1/sqrt(2 * 80,000) = 0.25%)."""
+    its own draw, replayable with the opt-in dp-noise-seed): the added noise's sample
+    standard deviation is within 3% of z * S (its standard error: 1/sqrt(2 * 80,000) = 0.25%)."""
     from fedstale.server_app.central_dp import CentralDP
 
-    strategy = dp_rule(name, **{"dp-noise-multiplier": 1.3})
+    strategy = dp_rule(name, **{"dp-noise-multiplier": 1.3, "dp-noise-seed": 0})
     outcome = None
     for update in batch(np.random.default_rng(5), 1 if name == "fedasync" else 4):
         outcome = strategy.on_update(update, V0)

@@ -153,6 +153,10 @@ class RunConfig(KebabModel):
     dp_clipping_norm: float = Field(0.0, ge=0)
     dp_target_delta: float = Field(1e-5, gt=0, lt=1)
     dp_max_epsilon: float = Field(0.0, ge=0)
+    dp_noise_seed: int = Field(-1, ge=-1)
+    dp_accountant: Literal["rdp", "pld"] = "rdp"
+    dp_max_rejections: int = Field(3, ge=1)
+    dp_client_values: Literal["keep", "omit"] = "keep"
 
     clock: Literal["virtual", "wall"] = "virtual"
     latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
@@ -322,6 +326,13 @@ def _check_privacy(cfg: RunConfig) -> None:
         )
     if cfg.dp_max_epsilon > 0 and cfg.dp_noise_multiplier <= 0:
         raise ValueError("dp-max-epsilon needs noise: set dp-noise-multiplier > 0")
+    if cfg.dp_client_values == "omit" and cfg.eval_target == "per-client":
+        raise ValueError(
+            "dp-client-values=omit leaves out what the DP guarantee does not cover, and "
+            "per-client evaluation scores the clients' own data: use eval-target=global"
+        )
+    if cfg.dp_noise_seed >= 0 and cfg.dp_noise_multiplier <= 0:
+        raise ValueError("dp-noise-seed seeds noise: set dp-noise-multiplier > 0, or drop it")
 
 
 def _check_task(cfg: RunConfig) -> None:

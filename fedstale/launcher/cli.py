@@ -54,6 +54,7 @@ from fedstale.launcher.launch import (
 )
 from fedstale.launcher.local_link import owned_local_superlink
 from fedstale.launcher.ray_cluster import RAY_ADDRESS, ray_cluster
+from fedstale.server_app.central_dp import dominance_notes
 from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
@@ -325,6 +326,8 @@ def command(argv: list[str]) -> int:
         if name == "check":
             run, _, _ = preflight(app, pairs, args.federation_config)
             ray_cluster(os.environ, federation_options(args.federation_config))
+            for note in dominance_notes(run):
+                print(f"fedstale: DP: {note}", file=sys.stderr)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
         if local:

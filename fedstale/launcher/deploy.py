@@ -449,7 +449,12 @@ def main(argv: list[str]) -> int:
     app = find_app(args.app)
     overrides = parse_pairs(args.run_config)
     check_edges(args.edges, args.nodes, overrides)
-    resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
+    run, _ = resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
+    if run.dp_noise_seed >= 0:
+        raise ConfigError(
+            "dp-noise-seed makes the DP noise replayable (anyone who knows the seed can "
+            "subtract it): refused in a deployment; drop it"
+        )
     home = args.keep_dir or Path(tempfile.mkdtemp(prefix="fedstale-deploy-"))
     home = home.resolve()
     if args.auth and not args.tls:

@@ -3,18 +3,25 @@
 
 - every accepted update's delta is clipped to `dp-clipping-norm` C before the rule sees it
   (`dp-clipping=server`), or checked to be within C (`client`: the ClientApp clipped it,
-  e.g. Flower's `fixedclipping_mod`, told C by the task's `clipping_norm` entry);
+  e.g. Flower's `fixedclipping_mod`, told C by the task's `clipping_norm` entry); a node
+  whose updates exceed C `dp-max-rejections` times is excluded from the run;
 - every release (an Outcome that changes the global model) gets Gaussian noise of standard
-  deviation z * S, S the release's sensitivity from the weights its updates got, drawn
-  from a stream seeded by (seed, version): a run replays bit for bit (a checkpoint keeps
-  the accountant's ledger);
-- every release is one Gaussian event for Flower's `RdpAccountant`, add-or-remove-one
-  client, without amplification by sampling (an asynchronous server does not sample its
-  clients uniformly at random); `dp-max-epsilon` ends the run at the last release within it.
+  deviation z * S, S the release's sensitivity from the weights its updates got, summed
+  per client. The noise comes from the operating system's entropy (a generator seeded
+  from it per run, and again on resume): the run's seed is in the config every ClientApp
+  receives, so noise drawn from it could be subtracted from every release. `dp-noise-seed`
+  >= 0 replays the noise bit for bit (tests, debugging): not private, refused in a
+  deployment, and said so in the log and summary.json;
+- every release is one Gaussian event for Flower's `RdpAccountant` (or the PLD accountant
+  of dp-accounting, `dp-accountant=pld`), add-or-remove-one client, without amplification
+  by sampling (an asynchronous server does not sample its clients uniformly at random);
+  `dp-max-epsilon` ends the run at the last release within it.
 """
 
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import replace
 from typing import Any
 
@@ -23,17 +30,27 @@ import numpy as np
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.schema import CLIPPING_NORM, InvalidReply
 from fedstale.strategies.base import Outcome, Strategy, Update
-from fedstale.strategies.privacy import Release, clip_to, noised, release_sensitivity
+from fedstale.strategies.privacy import LINEAR, Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
 
+log = logging.getLogger("fedstale")
 NOISE_STREAM = 0xD9
 CLIENT_SLACK = 1e-4  # relative: a client's float32 clip may land a hair above C
+REPLAYABLE = "replayable from dp-noise-seed: not private"
+UNPREDICTABLE = "operating-system entropy"
+
+
+class NotClipped(InvalidReply):
+    """An update longer than the clipping norm where the client clips."""
+
+
 RELATION = "add-or-remove-one client"
 SAMPLING = "no amplification"
 
 
 def accountant_for(run: RunConfig) -> Any:
-    """Flower's RdpAccountant for this run (imported here: it needs Google's dp-accounting)."""
+    """Flower's RdpAccountant for this run, or with `dp-accountant=pld` the PLD accountant
+    of the same events (imported here: both need Google's dp-accounting)."""
     from flwr.supercore.privacy_accounting import (
         NeighboringRelation,
         PrivacyConfig,
@@ -41,6 +58,9 @@ def accountant_for(run: RunConfig) -> Any:
     )
     from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
+    from fedstale.server_app.pld import PldAccountant
+
+    kind = PldAccountant if run.dp_accountant == "pld" else RdpAccountant
     config = PrivacyConfig(
         target_delta=run.dp_target_delta,
         population_size=run.num_clients,
@@ -48,7 +68,7 @@ def accountant_for(run: RunConfig) -> Any:
         sampling_method=SamplingMethod.NO_AMPLIFICATION,
         max_epsilon=run.dp_max_epsilon or None,
     )
-    return RdpAccountant(config)
+    return kind(config)
 
 
 def event_for(run: RunConfig, updates: int) -> Any:
@@ -96,6 +116,31 @@ def check_budget(run: RunConfig) -> None:
         )
 
 
+SCHEDULE_FIELDS = ("client", "task", "staleness", "late")  # public: the dispatch schedule
+
+
+def dominance_notes(run: RunConfig) -> list[str]:
+    """Configurations under which one client holds several updates of a release: the noise
+    follows that client's summed weights (the guarantee holds; the noise grows)."""
+    release = rule_named(run.strategy).dp if run.clips else None
+    if release is None:
+        return []
+    notes = []
+    per_release, clients = release.per_release(run), run.num_clients
+    if release.kind == LINEAR and per_release > clients:
+        notes.append(
+            f"{per_release} updates per release from {clients} clients: some client holds at "
+            f"least {math.ceil(per_release / clients)} updates of every release, and its "
+            "noise follows that client's summed weights (use more clients than buffer-size)"
+        )
+    if run.prefetch:
+        notes.append(
+            "prefetch gives a client a second task while it trains: both of its updates can "
+            "fall in one release, whose noise then follows their summed weights"
+        )
+    return notes
+
+
 class CentralDP:
     """Clipping, noise and accounting for one run (`for_run`: None when DP is off)."""
 
@@ -108,6 +153,10 @@ class CentralDP:
         self.releases = 0
         self.clipped = 0  # updates the server scaled down (server-side clipping)
         self.last_std = 0.0
+        self.last_sensitivity = 0.0
+        self.replayable = run.dp_noise_seed >= 0
+        # No seed: NumPy draws the generator's seed from the operating system's entropy.
+        self.fresh_noise = np.random.default_rng()
 
     @classmethod
     def for_run(cls, run: RunConfig, accountant: Any = None) -> CentralDP | None:
@@ -116,11 +165,22 @@ class CentralDP:
         release = rule_named(run.strategy).dp
         if release is None:  # load_config refuses this first; a door that skipped it
             raise ConfigError(f"run config: strategy {run.strategy} cannot take DP")
+        for note in dominance_notes(run):
+            log.warning("DP: %s", note)
         return cls(run, release, accountant)
 
     @property
     def norm(self) -> float:
         return self.run.dp_clipping_norm
+
+    def public_record(self, record: dict[str, Any]) -> dict[str, Any]:
+        """An updates.jsonl row as the guarantee covers it: everything with
+        `dp-client-values=keep`; with `omit`, the dispatch schedule only, and the weight
+        where it does not depend on the clients' data (a linear release)."""
+        if self.run.dp_client_values == "keep":
+            return record
+        kept = (*SCHEDULE_FIELDS, "weight") if self.release.kind == LINEAR else SCHEDULE_FIELDS
+        return {key: value for key, value in record.items() if key in kept}
 
     def task_entries(self) -> dict[str, Any]:
         """What every task carries: the clipping norm, where the client clips."""
@@ -133,13 +193,15 @@ class CentralDP:
         if self.run.dp_clipping == "client":
             length = float(np.linalg.norm(delta.astype(np.float64)))
             if length > self.norm * (1 + CLIENT_SLACK):
-                raise InvalidReply(
+                raise NotClipped(
                     f"update norm {length:.4g} exceeds dp-clipping-norm {self.norm:g}: the "
                     "ClientApp does not clip (add Flower's fixedclipping_mod)"
                 )
-            return update
+            if length <= self.norm:
+                return update
+            # within the slack a float32 clip allows: scaled to C, nothing above C released
         clipped, factor = clip_to(delta, self.norm)
-        if factor < 1.0:
+        if factor < 1.0 and self.run.dp_clipping == "server":
             self.clipped += 1
         vector = clipped if start is None else (start.astype(np.float64) + clipped)
         return replace(update, vector=vector.astype(np.float32))
@@ -150,13 +212,14 @@ class CentralDP:
         weights = [float(record["weight"]) for record in outcome.records]
         if not weights:
             raise RuntimeError(f"{strategy.name} released a model without its updates' weights")
-        sensitivity = release_sensitivity(self.release.kind, weights, self.norm)
+        clients = [int(record["client"]) for record in outcome.records]
+        sensitivity = release_sensitivity(self.release.kind, weights, self.norm, clients)
         self.releases += 1
+        self.last_sensitivity = sensitivity
         if not self.noised:
             return ""
         z = self.run.dp_noise_multiplier
-        rng = np.random.default_rng([self.run.seed, NOISE_STREAM, version])
-        strategy.model = noised(strategy.model, z, sensitivity, rng)
+        strategy.model = noised(strategy.model, z, sensitivity, self.noise_stream(version))
         self.last_std = z * sensitivity
         self.accountant.compose(event_for(self.run, len(weights)))
         if self.allowed is not None and self.releases >= self.allowed:
@@ -166,6 +229,13 @@ class CentralDP:
                 f"would pass dp-max-epsilon {self.run.dp_max_epsilon:g}"
             )
         return ""
+
+    def noise_stream(self, version: int) -> np.random.Generator:
+        """Where release `version`'s noise comes from: the run's generator seeded from the
+        operating system, or with `dp-noise-seed` a stream anyone with the seed can replay."""
+        if self.replayable:
+            return np.random.default_rng([self.run.dp_noise_seed, NOISE_STREAM, version])
+        return self.fresh_noise
 
     def epsilon(self) -> float | None:
         """Epsilon spent at `dp-target-delta` (None: no noise, no guarantee)."""
@@ -191,8 +261,9 @@ class CentralDP:
                 "clipping": run.dp_clipping,
                 "updates_clipped": self.clipped if run.dp_clipping == "server" else None,
                 "max_epsilon": run.dp_max_epsilon or None,
-                "sensitivity": self.release.kind,
-                "accounting": f"rdp, {RELATION}, {SAMPLING}",
+                "sensitivity": f"{self.release.kind}, per client",
+                "noise": REPLAYABLE if self.replayable else UNPREDICTABLE,
+                "accounting": f"{self.run.dp_accountant}, {RELATION}, {SAMPLING}",
             }
         }
 

@@ -29,7 +29,7 @@ from fedstale.server_app.budgets import (
     time_budget,
     wall_budget,
 )
-from fedstale.server_app.central_dp import CentralDP
+from fedstale.server_app.central_dp import CentralDP, NotClipped
 from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import Scoreboard
@@ -108,6 +108,7 @@ class Engine:
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
         self.privacy = privacy
+        self.unclipped: dict[int, int] = {}  # node -> updates rejected above the norm
         self.first_update_time: float | None = None  # Unix time of the first accepted update
         self.first_update_at: float | None = None  # and its monotonic time
 
@@ -403,10 +404,36 @@ class Engine:
             task.client,
             err,
         )
+        if isinstance(err, NotClipped):
+            self.exclude_if_unclipped(task)
         if isinstance(err, MissingSignal):
             self.missing_signals += 1
             if not self.counters.accepted and self.missing_signals >= self.run.concurrency:
                 raise EngineError(str(err))
+
+    def exclude_if_unclipped(self, task: Task) -> None:
+        """Client-side clipping: a node whose updates exceeded the clipping norm
+        `dp-max-rejections` times is excluded from the run; with no node left, the run
+        ends (its results kept) with the fix."""
+        count = self.unclipped[task.node] = self.unclipped.get(task.node, 0) + 1
+        if count < self.run.dp_max_rejections:
+            return
+        log.error(
+            "node %d (client %d) excluded from the run: %d of its updates exceeded "
+            "dp-clipping-norm %g (dp-max-rejections); its ClientApp does not clip",
+            task.node,
+            task.client,
+            count,
+            self.run.dp_clipping_norm,
+        )
+        self.nodes.exclude(task.node)
+        for other in self.book.on_nodes({task.node}):
+            self.retire(other, "its node was excluded", may_answer=False)
+        if not self.nodes.clients:
+            self.stop_reason = (
+                "every node was excluded for updates above dp-clipping-norm: add Flower's "
+                "fixedclipping_mod to the ClientApp's train handler, or use dp-clipping=server"
+            )
 
     def task_lost(self, client: int) -> None:
         """Tell the strategy a task of `client` ended without an update; a rule that closes
@@ -425,8 +452,9 @@ class Engine:
                 )
             self.version += 1
         for record in outcome.records:
+            public = record if self.privacy is None else self.privacy.public_record(record)
             self.recorder.update(
-                {"time": self.clock.now(), "version": self.version, **_plain(record)}
+                {"time": self.clock.now(), "version": self.version, **_plain(public)}
             )
         if outcome.supersede or outcome.dispatch:
             self.supersede(outcome.supersede)

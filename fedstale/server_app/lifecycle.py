@@ -156,11 +156,11 @@ def prepare(
     door: Door, run: RunConfig, params: KebabModel
 ) -> tuple[str, dict[str, Any], checkpoint.Checkpoint | None, dict[str, list[str]]]:
     """Everything that can refuse the run before its folder is touched."""
+    check_budget(run)  # before any folder: a refused budget leaves no runs directory
     name = door.name(run)
     settings = door.settings(run, params, name)
     resumed, kept = prepare_folder(run, settings, name)
     door.refuse(run)
-    check_budget(run)
     return name, settings, resumed, kept
 
 
@@ -204,6 +204,8 @@ def build_engine(
     setup = door.setup(run, model)
     strategy.bind(setup)
     engine: Engine | None = None
+    transport = door.transport(run)
+    check_noise_seed(run, transport)
     progress = progress_for(run.progress_interval)
 
     def version() -> int:
@@ -212,7 +214,7 @@ def build_engine(
     engine = Engine(
         run,
         strategy,
-        door.transport(run),
+        transport,
         model.layout,
         latency_of(run, strategy, door.client_sizes(setup)),
         door.evaluator(run, model, version),
@@ -225,6 +227,24 @@ def build_engine(
         privacy=CentralDP.for_run(run, door.accountant(run)),
     )
     return engine, progress
+
+
+def check_noise_seed(run: RunConfig, transport: Transport) -> None:
+    """`dp-noise-seed` makes the noise replayable, hence subtractable by whoever knows the
+    seed: refused in a deployment, said in a simulation (tests, debugging)."""
+    if run.dp_noise_seed < 0:
+        return
+    if not transport.simulated:
+        raise ConfigError(
+            f"run config: dp-noise-seed={run.dp_noise_seed} makes the DP noise replayable "
+            "(anyone who knows the seed can subtract it), so it is refused in a deployment; "
+            "drop it: the noise comes from the operating system's entropy"
+        )
+    log.warning(
+        "dp-noise-seed=%d: the DP noise is replayable from the seed and NOT private "
+        "(for tests and debugging only)",
+        run.dp_noise_seed,
+    )
 
 
 def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> LatencyProfile:

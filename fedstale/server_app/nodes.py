@@ -34,6 +34,10 @@ class Nodes(Protocol):
 
     def forget(self, node: int) -> None: ...
 
+    def exclude(self, node: int) -> None:
+        """Drop a node for the rest of the run: no refresh takes it back."""
+        ...
+
     def collect(self, transport: Transport) -> None: ...
 
     def entries(self, client: int) -> dict[str, int]:
@@ -49,10 +53,15 @@ class ClientBook:
     client_of: dict[int, int] = field(default_factory=dict)  # node -> client
     node_of: dict[int, int] = field(default_factory=dict)  # client -> node
     edge_of: dict[int, int] = field(default_factory=dict)  # client -> edge, where known
+    excluded: set[int] = field(default_factory=set)  # nodes dropped for the rest of the run
 
     @property
     def clients(self) -> list[int]:
         return sorted(self.node_of)
+
+    def exclude(self, node: int) -> None:
+        self.excluded.add(node)
+        self.forget(node)
 
     def entries(self, client: int) -> dict[str, int]:
         return {}
@@ -86,7 +95,7 @@ class NodeBook(ClientBook):
         online = set(transport.node_ids())
         lost = self.forget_gone(online)
         asked = set(self.queries.values())
-        for node in sorted(online - set(self.client_of) - asked - self.refused):
+        for node in sorted(online - set(self.client_of) - asked - self.refused - self.excluded):
             self.queries[transport.send(node, MSG_QUERY, {})] = node
         return lost
 
@@ -145,7 +154,7 @@ class NodesInOrder(ClientBook):
         lost = self.forget_gone(online)
         self.spare &= online
         taken = []
-        for node in sorted(online - set(self.client_of)):
+        for node in sorted(online - set(self.client_of) - self.excluded):
             free = [c for c in range(self.num_clients) if c not in self.node_of]
             if not free:
                 if node not in self.spare:

@@ -9,10 +9,13 @@ clipped updates; a release here is any weighted sum of clipped deltas, and S fol
 weights:
 
 - `linear_sensitivity`: sum_i w_i d_i with weights that do not depend on the deltas
-  (FedBuff's eta/K * s(tau), SAFL FedSGD's 1/K, FedAsync's a_t, a plain mean's 1/m):
-  replacing client j's d_j moves the sum by w_j (d_j - d_j'), at most 2 |w_j| C apart for
-  replace-one neighbours and |w_j| C for add-or-remove-one (Flower's relation, whose
-  z C / m this reproduces for a mean), so S = max_j |w_j| C.
+  (FedBuff's eta/K * s(tau), SAFL FedSGD's 1/K, FedAsync's a_t, a plain mean's 1/m).
+  Neighbouring runs differ in one client's contributions, zeroed (add-or-remove-one client,
+  Flower's relation), and one client may hold several updates of a release (a fast client
+  cycling within a FedBuff buffer, `buffer-size` above the client count, `prefetch`, a late
+  reply): zeroing all of client j's deltas moves the sum by sum_{i of j} w_i d_i, at most
+  (sum_{i of j} |w_i|) C, so S = C max_j sum_{i of j} |w_i| (Flower's z C / m for a mean of
+  m clients, one update each).
 - `convex_sensitivity`: sum_i w_i d_i whose weights themselves come from the clients'
   data (FedPSA's softmax over sketch distances) but form a convex combination scaled by
   `scale` (w_i >= 0, sum w_i = scale): both sums lie in the ball of radius scale * C, so
@@ -42,13 +45,19 @@ def clip_to(delta: np.ndarray, norm: float) -> tuple[np.ndarray, float]:
     return (delta * np.float32(factor)).astype(np.float32), factor
 
 
-def linear_sensitivity(weights: np.ndarray | list[float], clipping_norm: float) -> float:
+def linear_sensitivity(
+    weights: Sequence[float], clipping_norm: float, clients: Sequence[int] | None = None
+) -> float:
     """S of sum_i w_i d_i over deltas clipped to `clipping_norm`, weights independent of
-    the deltas (add-or-remove-one neighbours): max_i |w_i| * C."""
-    weights = np.asarray(weights, dtype=np.float64)
-    if weights.size == 0:
+    the deltas, one client's contributions zeroed: C times the largest sum, over the
+    clients, of a client's |w_i| (`clients[i]`: whose update i is; None: one each)."""
+    if len(weights) == 0:
         return 0.0
-    return float(np.abs(weights).max() * clipping_norm)
+    owners = range(len(weights)) if clients is None else clients
+    per_client: dict[int, float] = {}
+    for owner, weight in zip(owners, weights, strict=True):
+        per_client[owner] = per_client.get(owner, 0.0) + abs(float(weight))
+    return max(per_client.values()) * clipping_norm
 
 
 def convex_sensitivity(scale: float, clipping_norm: float) -> float:
@@ -57,11 +66,14 @@ def convex_sensitivity(scale: float, clipping_norm: float) -> float:
     return 2.0 * abs(scale) * clipping_norm
 
 
-def release_sensitivity(kind: str, weights: Sequence[float], clipping_norm: float) -> float:
-    """S of one release from the weights its updates got: the largest weight times C for a
-    linear release, 2 * (sum of the weights) * C for a data-dependent convex one."""
+def release_sensitivity(
+    kind: str, weights: Sequence[float], clipping_norm: float, clients: Sequence[int] | None = None
+) -> float:
+    """S of one release from the weights its updates got and whose they were: C times the
+    largest per-client sum of weights for a linear release, 2 * (sum of the weights) * C for
+    a data-dependent convex one (however many of its updates one client holds)."""
     if kind == LINEAR:
-        return linear_sensitivity(list(weights), clipping_norm)
+        return linear_sensitivity(list(weights), clipping_norm, clients)
     if kind == CONVEX:
         return convex_sensitivity(float(np.sum(weights)), clipping_norm)
     raise ValueError(f"unknown release kind '{kind}'")

@@ -1,6 +1,7 @@
 """asyncquickstartdp: the quickstart's plain Flower ClientApp plus Flower's own
 fixedclipping_mod, which clips each update to the norm the server sends (it knows nothing
-of fedstale)."""
+of fedstale). The mod is on the train handler only: only train messages carry the norm,
+and on the whole ClientApp it would fail every evaluate message."""
 
 import torch
 from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
@@ -11,11 +12,11 @@ from asyncquickstartdp.task import Net, load_data
 from asyncquickstartdp.task import test as test_fn
 from asyncquickstartdp.task import train as train_fn
 
-app = ClientApp(mods=[fixedclipping_mod])
+app = ClientApp()
 device = "cuda" if torch.cuda.is_available() else "cpu"
 
 
-@app.train()
+@app.train(mods=[fixedclipping_mod])
 def train(msg: Message, context: Context) -> Message:
     """Train the model on local data."""
     model = Net()
