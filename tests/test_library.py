@@ -406,6 +406,30 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
 
 
 @pytest.mark.integration
+def test_a_dp_clientapp_that_does_not_clip_is_excluded_and_the_run_ends_with_the_fix(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    """The DP example without fixedclipping_mod, in Flower simulation: each of the 4 nodes
+    is excluded at its 3rd update above the norm (dp-max-rejections), and the run ends
+    with the fix in one line, its folder complete."""
+    app = tmp_path / DP_EXAMPLE.name
+    shutil.copytree(DP_EXAMPLE, app, ignore=shutil.ignore_patterns("__pycache__"))
+    client = app / "asyncquickstartdp" / "client_app.py"
+    client.write_text(
+        client.read_text().replace("@app.train(mods=[fixedclipping_mod])", "@app.train()")
+    )
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    output = flwr_run(link.env, app, "num-server-rounds=4")
+    run = new_run(work, before)
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stop_reason"].startswith("every node was excluded for updates above"), output
+    assert summary["updates_rejected"] == 4 * 3  # (an update that happens to be short passes)
+    assert output.count("excluded from the run: 3 of its updates exceeded") == 4
+    assert (run / "metrics.jsonl").is_file() and (run / "config.json").is_file()
+
+
+@pytest.mark.integration
 def test_hierfedavg_slows_its_edges_in_simulation_as_fedstale_run_does(
     link_in: tuple[LocalDeployment, Path], tmp_path: Path
 ) -> None:
