@@ -33,7 +33,7 @@ from fedstale.server_app.central_dp import (
     releases_within,
 )
 from fedstale.server_app.engine import Engine
-from fedstale.strategies.base import Update
+from fedstale.strategies.base import Outcome, Update
 from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
 from fedstale.strategies.fedavg import FedAvg
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
@@ -338,6 +338,26 @@ def test_dp_client_values_omit_keeps_only_what_the_guarantee_covers() -> None:
     assert kept.public_record(row) == row
     with pytest.raises(ConfigError, match="per-client evaluation scores the clients' own data"):
         load_config({**omit, "eval-target": "per-client"})
+
+
+def test_a_resumed_run_draws_fresh_unpredictable_noise() -> None:
+    """The noise generator is never checkpointed: two resumptions of the same checkpoint
+    noise the same next release differently (with dp-noise-seed, identically)."""
+    z = {"dp-noise-multiplier": 1.0}
+    for seeded, same in (({}, False), ({"dp-noise-seed": 2}, True)):
+        engine = ran(dp_engine(FedBuff, FedBuffParams(), **z, **seeded))
+        state = json.loads(json.dumps(engine.state()))
+        assert engine.privacy is not None and "rng" not in json.dumps(state["privacy"])
+        outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
+        models = []
+        for _ in range(2):
+            resumed = dp_engine(FedBuff, FedBuffParams(), **z, **seeded)
+            resumed.load_state(state)
+            assert resumed.privacy is not None
+            resumed.strategy.model = np.zeros(3, np.float32)
+            resumed.privacy.release_of(resumed.strategy, outcome, engine.version + 1)
+            models.append(resumed.strategy.model)
+        assert np.array_equal(models[0], models[1]) == same
 
 
 def test_the_privacy_state_survives_a_checkpoint() -> None:
