@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.flower_procs import SimulationSuperLink
+from tests.flower_procs import SimulationSuperLink, flower_processes_of_this_session
 
 # Client shares are cached on disk (fedstale/common/federation.py); keep the tests' out of ~/.cache,
 # in a directory of their own that the session removes when it ends (~200 MB per session).
@@ -47,31 +47,6 @@ def pytest_collection_modifyitems(
 
         _TEMP_DIRS.append(tempfile.mkdtemp(prefix="fedstale-containers-"))
         prebuild(Path(_TEMP_DIRS[-1]))
-
-
-FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-")
-# Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
-# included), so what this process started is found, and a suite running beside it is not.
-SESSION_MARK = f"FEDSTALE_TEST_SESSION={os.getpid()}-{time.time_ns()}"
-os.environ["FEDSTALE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
-
-
-def flower_processes_of_this_session() -> list[tuple[int, str]]:
-    """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*) that carry the mark."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            marked = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, IndexError):
-            continue
-        if marked and any(m in command for m in FLOWER_COMMANDS):
-            found.append((int(entry.name), command[:200]))
-    return found
 
 
 @pytest.fixture(scope="session", autouse=True)

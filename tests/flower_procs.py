@@ -3,14 +3,40 @@ launcher's LocalDeployment without SuperNodes (the simulation runs the ClientApp
 
 from __future__ import annotations
 
+import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment
 from fedstale.launcher.launch import tool
 
-__all__ = ["CONNECTION", "SimulationSuperLink"]
+__all__ = ["CONNECTION", "SimulationSuperLink", "flower_processes_of_this_session"]
+
+FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-")
+# Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
+# included), so what this process started is found, and a suite running beside it is not.
+SESSION_MARK = f"FEDSTALE_TEST_SESSION={os.getpid()}-{time.time_ns()}"
+os.environ["FEDSTALE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+
+
+def flower_processes_of_this_session() -> list[tuple[int, str]]:
+    """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*) that carry the mark."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            marked = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, IndexError):
+            continue
+        if marked and any(m in command for m in FLOWER_COMMANDS):
+            found.append((int(entry.name), command[:200]))
+    return found
 
 
 @dataclass

@@ -37,7 +37,7 @@ def test_flower_simulation_at_the_bound(bound: str, tmp_path: Path) -> None:
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
     }
     config = f"{TINY} num-clients=4 concurrency=2 max-updates=8 run-name=sim"
-    run([bin_dir / "fedstale", "run", "--run-config", config], 420, here, ports)
+    run([bin_dir / "fedstale", "run", "--run-config", config], 1200, here, ports)
     assert summary(here / "runs" / "sim")["updates_accepted"] == 8
     recorded = json.loads((here / "runs" / "sim" / "config.json").read_text())["provenance"]
     assert {k: recorded[k] for k in ("flwr", "numpy")} == {k: found[k] for k in ("flwr", "numpy")}
@@ -50,6 +50,6 @@ def test_flower_simulation_at_the_bound(bound: str, tmp_path: Path) -> None:
 def test_real_deployment_at_the_bound(bound: str, tmp_path: Path) -> None:
     bin_dir, here = installed()[1][bound], elsewhere(tmp_path)
     config = f"{TINY} max-updates=4 run-name=deployed"
-    command = [bin_dir / "fedstale", "deploy", "--nodes", "2", "--timeout", "240"]
-    run([*command, "--run-config", config], 300, here)
+    command = [bin_dir / "fedstale", "deploy", "--nodes", "2", "--timeout", "1200"]
+    run([*command, "--run-config", config], 1300, here)
     assert summary(here / "runs" / "deployed")["updates_accepted"] == 4

@@ -27,7 +27,7 @@ from fedstale.server_app.results import read_jsonl
 from tests import containers
 from tests.containers import Compose, Runtime
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("containers")]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
 ROOT, DOCKER = containers.ROOT, containers.DOCKER
 FMNIST = Path("/usr/share/datasets/fashion-mnist")
 # Fashion-MNIST from the SuperNodes' data mount, the linear model, short local work.

@@ -20,6 +20,7 @@ from fedstale.launcher.deploy import LocalDeployment
 from fedstale.launcher.launch import tool
 from fedstale.launcher.ports import LaunchError, owner_listens, reserved_port
 
+pytestmark = pytest.mark.xdist_group("deployments")  # with the tests that start SuperNodes
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500"
 
@@ -152,10 +153,10 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
     def deploy_one(index: int) -> None:
         folder = tmp_path / f"user{index}"
         folder.mkdir()
-        command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", "240"]
+        command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", "1200"]
         command += ["--app", str(ROOT), "--run-config", f"{config} runs-dir={folder / 'runs'}"]
         results[index] = subprocess.run(
-            command, cwd=folder, capture_output=True, text=True, timeout=300, check=False
+            command, cwd=folder, capture_output=True, text=True, timeout=1300, check=False
         )
 
     threads = [threading.Thread(target=deploy_one, args=(i,)) for i in (0, 1)]

@@ -29,6 +29,7 @@ from fedstale.launcher.ray_cluster import ray_cluster
 from fedstale.server_app.results import read_jsonl
 from tests.flower_procs import SimulationSuperLink
 
+pytestmark = pytest.mark.xdist_group("deployments")  # a Ray cluster: one at a time
 ROOT = Path(__file__).resolve().parent.parent
 RAY = Path(sys.executable).parent / "ray"  # installed with flwr[simulation]
 NODES = ("fedstale-node-a", "fedstale-node-b")  # a custom resource naming each node

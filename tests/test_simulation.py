@@ -15,7 +15,7 @@ from fedstale.launcher.ports import free_port
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
-from tests.flower_procs import CONNECTION, SimulationSuperLink
+from tests.flower_procs import CONNECTION, SimulationSuperLink, flower_processes_of_this_session
 from tests.goldens import differences, golden_values, without_wall_time
 from tests.helpers import UNKNOWN_STRATEGY
 
@@ -195,17 +195,9 @@ def test_per_client_evaluation_in_flower_simulation(
 
 
 def flower_processes() -> set[tuple[int, str]]:
-    """(pid, command line) of every live Flower process on the machine (zombies aside)."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except (OSError, IndexError, ValueError):
-            continue
-        if state != "Z" and ("flower-" in command or "flwr-" in command):
-            found.add((int(entry.name), command))
-    return found
+    """(pid, command line) of every live Flower process this test process started (zombies
+    aside): a suite running beside it, or another worker, has its own."""
+    return set(flower_processes_of_this_session())
 
 
 def local_connection_env(tmp_path: Path) -> dict[str, str]:

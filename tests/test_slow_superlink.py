@@ -14,10 +14,11 @@ import pytest
 from fedstale.launcher.deploy import LocalDeployment, stop
 from fedstale.server_app.results import read_jsonl
 from tests.superlink_pauses import SuperLinkPauser
-from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, wait_until
+from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, WAIT, wait_until
 from tests.wheel_env import installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wheel")]
+# (the wheel group: its lower-bound case uses the wheel's virtualenv)
 PAUSES = 3
 UPDATES = 12
 
@@ -39,7 +40,7 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     with deployment:
         process = deployment.launch_app(ROOT, config, log)
         try:
-            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, 180, "updates")
+            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, WAIT, "updates")
             pauser.arm()
             code = process.wait(RUN_TIMEOUT)
         finally:
