@@ -324,6 +324,20 @@ def test_a_noise_seed_is_refused_in_a_deployment_and_said_in_a_simulation(
     assert "the DP noise is replayable from the seed and NOT private" in caplog.text
 
 
+def test_fedstale_deploy_refuses_a_noise_seed_before_starting_anything(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    from fedstale.launcher.cli import main
+
+    config = "dataset=digits max-updates=2 dp-clipping-norm=1 dp-noise-multiplier=1 dp-noise-seed=3"
+    home = tmp_path / "home"
+    argv = ["deploy", "--nodes", "1", "--keep-dir", str(home), "--run-config", config]
+    assert main([*argv[:1], "--app", str(ROOT), *argv[1:]]) == 2
+    said = capsys.readouterr().err.strip().splitlines()
+    assert said[-1].startswith("fedstale: dp-noise-seed makes the DP noise replayable")
+    assert not home.exists()  # refused before any process or folder
+
+
 def test_dp_client_values_omit_keeps_only_what_the_guarantee_covers() -> None:
     """FedPSA's weights come from the clients' sketches and its rows carry kappa: with
     `omit`, the rows keep the dispatch schedule; a linear rule keeps its weights too."""

@@ -46,6 +46,11 @@ def test_the_installed_command_works_outside_the_checkout(tmp_path: Path) -> Non
     too_many = run([fedstale, "check", "--run-config", too_many_config], 120, here, code=2)
     assert too_many.strip().count("\n") == 0 and "exceeds num-clients" in too_many
     assert "fix it with --run-config" in too_many and "pyproject" not in too_many  # a wheel user
+    unknown = run([fedstale, "check", "--run-config", "nosuchkey=1"], 120, here, code=2)
+    assert unknown.strip().count("\n") == 0 and "unknown key 'nosuchkey'" in unknown
+    # a wheel user has no pyproject.toml of theirs: the line names the one installed
+    assert "every key and its default: [tool.flwr.app.config] in " in unknown
+    assert "fedstale/app/pyproject.toml" in unknown
     refused = run([fedstale, "check", "--app", tmp_path / "none"], 120, here, code=2)
     assert refused.strip().count("\n") == 0 and "no pyproject.toml" in refused
     imported = run(
