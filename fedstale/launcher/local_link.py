@@ -11,8 +11,10 @@ is someone else's: it is used and left running.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -102,21 +104,25 @@ def await_remote(connection_name: str, timeout: float = REMOTE_WAIT_SECONDS) -> 
         time.sleep(1.0)
 
 
-def superlink_command(in_memory: bool, port: str) -> tuple[list[str], Path]:
-    """Flower's own command for the managed local SuperLink (flwr/cli/local_superlink.py) on
-    `port`, and its log file."""
-    from flwr.common.constant import ISOLATION_MODE_SUBPROCESS
+def local_folder() -> Path:
+    """FLWR_HOME/local-superlink, where Flower keeps its local SuperLink's state."""
     from flwr.supercore.utils import get_flwr_home
 
-    _, control = local_ports()
     folder = get_flwr_home() / "local-superlink"
     folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def superlink_command(port: str, database: Path | None) -> list[str]:
+    """Flower's own command for the managed local SuperLink (flwr/cli/local_superlink.py) on
+    `port`, its state in `database` (None: in memory)."""
+    from flwr.common.constant import ISOLATION_MODE_SUBPROCESS
+
+    _, control = local_ports()
     command = [tool("flower-superlink"), "--insecure", "--simulation"]
     command += ["--isolation", ISOLATION_MODE_SUBPROCESS, "--control-api-address", control]
     command += ["--host", "127.0.0.1", "--port", port]
-    if not in_memory:
-        command += ["--database", str(folder / "state.db")]
-    return command, folder / "fedstale-superlink.log"
+    return command + (["--database", str(database)] if database is not None else [])
 
 
 @dataclass
@@ -150,15 +156,26 @@ def owned_local_superlink(connection_name: str) -> Iterator[LocalLink]:
         yield LocalLink()
         return
     fixed = int(port) if PORT_ENV in os.environ else None
-    log_file = superlink_command(in_memory, port)[1]
+    folder = local_folder()
+    # A SuperLink on a port of its own keeps its state apart too: two at once sharing
+    # Flower's state.db would each see, and could start, the other's runs.
+    own = None if fixed else Path(tempfile.mkdtemp(prefix="fedstale-", dir=folder))
+    database = None if in_memory else (own or folder) / "state.db"
+    log_file = folder / f"fedstale-superlink-{os.getpid()}.log"
 
     def launch(chosen: int) -> subprocess.Popen:
-        return spawn(superlink_command(in_memory, str(chosen))[0], flower_env(), log_file)
+        return spawn(superlink_command(str(chosen), database), flower_env(), log_file)
 
-    process, chosen = start_listening(
-        launch, "the local SuperLink", log_file, port=fixed, timeout=STARTUP_SECONDS, stop=stop_tree
-    )
+    process: subprocess.Popen | None = None
     try:
+        process, chosen = start_listening(
+            launch,
+            "the local SuperLink",
+            log_file,
+            port=fixed,
+            timeout=STARTUP_SECONDS,
+            stop=stop_tree,
+        )
         deadline = time.monotonic() + STARTUP_SECONDS
         while not healthy(str(chosen)):
             if process.poll() is not None or time.monotonic() > deadline:
@@ -168,4 +185,7 @@ def owned_local_superlink(connection_name: str) -> Iterator[LocalLink]:
             time.sleep(0.2)
         yield LocalLink(process, {PORT_ENV: str(chosen)})
     finally:
-        stop_tree(process)
+        if process is not None:
+            stop_tree(process)
+        if own is not None:
+            shutil.rmtree(own, ignore_errors=True)
