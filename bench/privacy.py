@@ -13,8 +13,10 @@ amplification makes epsilon a function of the releases and the noise multiplier 
 for each target epsilon one z (found by bisection with Flower's RdpAccountant at delta
 1e-5) serves both rules; both clip each update's delta to C = 0.3 (about the update norm
 a third of the updates exceed in a run without DP, so clipping bites but does not flatten
-everything). Both have a release sensitivity of C / 10 (FedBuff: eta_g / K with eta_g 1;
-FedAvg: its uniform weight 1/10 under DP). Each cell also runs without DP ("none") and
+everything). A release's sensitivity is C times the largest per-client sum of weights:
+C / 10 for FedAvg (its uniform weight 1/10 under DP, one update per client), at least
+C / 10 for FedBuff (eta_g / K with eta_g 1), more where a fast client holds two updates of
+a buffer (about a fifth of FedBuff's releases here). Each cell also runs without DP ("none") and
 with clipping only ("inf": no noise). Local training: 1 epoch, batch 64, SGD lr 0.01
 decaying 0.999 per version; latency uniform 10-500 units on the virtual clock.
 
