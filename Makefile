@@ -55,8 +55,8 @@ demo: setup data
 	$(BIN)/fedstale compare runs/$(DEMO_NAME) --out runs/$(DEMO_NAME)/summary --last 10 --target 0.8
 
 # --durations: the slowest tests' share of the run, in every CI log. Two pytest-xdist
-# workers (one per core here); tests that build the wheel's virtualenvs or the container
-# images are grouped onto one worker each (xdist_group).
+# workers (one per core here); the tests that start real Flower processes or build the
+# wheel's virtualenvs and container images share one worker (xdist_group "deployments").
 TEST_WORKERS ?= 2
 test: setup data tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15

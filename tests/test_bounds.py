@@ -15,7 +15,7 @@ import pytest
 from fedstale.launcher.ports import free_port
 from tests.wheel_env import EXPECTED, elsewhere, installed, run, versions
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("wheel")]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
 BOUNDS = sorted(EXPECTED)
 TINY = "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500"
 

@@ -44,9 +44,19 @@ def deployment(tmp_path: Path) -> Iterator[LocalDeployment]:
         dep.stop()
 
 
-def wait_until(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def wait_until(
+    condition: Callable[[], bool],
+    timeout: float,
+    what: str,
+    run: subprocess.Popen | None = None,
+    log: Path | None = None,
+) -> None:
+    """Wait for `condition`; fail at once, with its log, when the `run` it needs has ended."""
     deadline = time.monotonic() + timeout
     while not condition():
+        if run is not None and run.poll() is not None:
+            said = log.read_text()[-3000:] if log is not None and log.exists() else ""
+            raise AssertionError(f"the run ended (code {run.returncode}) before {what}: {said}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"waited {timeout:g} s for {what}")
         time.sleep(0.5)
@@ -92,7 +102,8 @@ def test_run_survives_killed_nodes_and_restarted_ones_get_work(
     process = deployment.launch_app(ROOT, config, log)
     updates = runs / "faults" / "updates.jsonl"
     try:
-        wait_until(lambda: len(rows(updates)) >= 2, WAIT, "the first aggregation")
+        first = lambda: len(rows(updates)) >= 2  # noqa: E731
+        wait_until(first, WAIT, "the first aggregation", process, log)
         deployment.kill_node(1, signal.SIGTERM)
         deployment.kill_node(2, signal.SIGKILL)
         time.sleep(2)
@@ -331,7 +342,8 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
         process = deployment.launch_app(ROOT, config, log)
         updates = runs / "mafsa" / "updates.jsonl"
         try:
-            wait_until(lambda: len(rows(updates)) >= 12, WAIT, "two rounds of each edge")
+            enough = lambda: len(rows(updates)) >= 12  # noqa: E731
+            wait_until(enough, WAIT, "two rounds of each edge", process, log)
             deployment.kill_node(4, signal.SIGKILL)
             killed_at = max(row["time"] for row in rows(updates))
             assert finish(process) == 0, log.read_text()[-3000:]

@@ -476,7 +476,7 @@ def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("wheel")
+@pytest.mark.xdist_group("deployments")
 def test_the_quickstart_runs_on_the_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
     """The wheel in a fresh virtualenv at the newest dependencies (flwr 1.42): the example,
     copied outside the checkout, runs with that environment's `flwr run` on a simulation
