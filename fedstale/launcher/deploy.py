@@ -158,6 +158,8 @@ class LocalDeployment:
     superexec: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
     node_ports: dict[int, int] = field(default_factory=dict)
+    # where each SuperNode's last start begins in its log (a log holds every restart)
+    node_log_starts: dict[int, int] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -309,7 +311,7 @@ class LocalDeployment:
         for partition, process in sorted(self.nodes.items()):
             if process.poll() is not None:
                 log = self.home / f"supernode-{partition}.log"
-                why = cause(log_tail(log, 0))
+                why = cause(log_tail(log, self.node_log_starts.get(partition, 0)))
                 raise LaunchError(
                     f"SuperNode {partition} (partition-id={partition}) exited with code "
                     f"{process.returncode} after it started: {why}; its log: {log}"
@@ -331,6 +333,7 @@ class LocalDeployment:
         log = self.home / f"supernode-{partition}.log"
 
         def launch(port: int) -> subprocess.Popen:
+            self.node_log_starts[partition] = log.stat().st_size if log.exists() else 0
             return spawn(self.node_command(partition, port, insecure), env, log)
 
         name = f"SuperNode {partition} (partition-id={partition})"
