@@ -97,7 +97,7 @@ def test_a_golden_run_with_cohort_training_matches_its_golden_files(tmp_path: Pa
         "updates.jsonl": (folder / "updates.jsonl").read_text(),
     }
     assert differences("fedbuff", produced) == []
-    assert max(transport.sizes) > 1 and sum(transport.sizes) >= 300
+    assert max(transport.cohort_sizes) > 1 and sum(transport.cohort_sizes) >= 300
 
 
 def test_a_rule_with_a_client_half_trains_alone_and_says_so(
@@ -176,7 +176,7 @@ def test_cohort_messages_train_their_tasks_as_each_would_alone() -> None:
     transport.wait(0.0)
     transport.wait(0.0)
     assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN, MSG_COHORT, MSG_COHORT]
-    assert transport.sizes == [2, 1]
+    assert transport.cohort_sizes == [2, 1]
     replies = {r.msg_id: r for r in transport.receive(sent)}
     assert sorted(replies) == sorted(sent)
     for msg_id, config in zip(sent, configs, strict=True):

@@ -33,7 +33,7 @@ from fedstale.common.schema import (
     TaskSpec,
 )
 from fedstale.common.shares import client_data, client_holdout
-from fedstale.common.threads import on_client_threads
+from fedstale.common.threads import limited, on_client_threads
 from fedstale.strategies.client import ClientRule, LocalTask, rules_named
 from fedstale.strategies.privacy import clip_to
 from fedstale.strategies.registry import client_rules
@@ -196,36 +196,70 @@ CohortJob = tuple[
 _noted: set[str] = set()  # why some tasks train alone, said once per process
 
 
-@on_client_threads
+RunJobs = tuple[RunConfig, list[CohortJob]]  # one run's config and its tasks in a cohort
+Together = tuple[int, int, Prepared, dict[str, torch.Tensor]]  # (run, job, ready, start params)
+
+
 def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
-    """Several clients' tasks (at most one each): those whose local training is plain
-    minibatch SGD on cross-entropy train together as one batched computation
-    (fedstale/common/cohort.py); any other trains alone, as `train_task` would, and the
-    reason is logged once. Each task of the cohort is credited an equal share of its
-    compute time."""
-    results: dict[int, Result] = {}
-    together: list[tuple[int, Prepared, dict[str, torch.Tensor]]] = []
-    for index, (partition, config, arrays, sets, state) in enumerate(jobs):
-        ready = prepare(cfg, partition, config, arrays, sets, state)
-        why = solo_reason(ready.task.spec, cfg.loss)
-        if why:
-            said_alone(why, _noted)
-            loss = ready.task.train()
-            results[index] = finish(ready, get_flat(ready.task.model), loss, state)
-        else:
-            params = {n: p.detach().clone() for n, p in ready.task.model.named_parameters()}
-            together.append((index, ready, params))
-    if together:
-        started = time.perf_counter()
-        model = together[0][1].task.model
-        trained = cohort_train(model, [member_of(ready, params) for _, ready, params in together])
-        share = (time.perf_counter() - started) / len(together)
-        for (index, ready, _), (params, loss) in zip(together, trained, strict=True):
-            with torch.no_grad():
-                for name, p in model.named_parameters():
-                    p.copy_(params[name])
-            results[index] = finish(ready, get_flat(model), loss, jobs[index][4], share)
-    return [results[i] for i in range(len(jobs))]
+    """One run's cohort: several clients' tasks (at most one each), as `train_cohorts`."""
+    return train_cohorts([(cfg, jobs)])[0]
+
+
+def train_cohorts(batches: list[RunJobs]) -> list[list[Result]]:
+    """The cohorts of several runs (a grid's, fedstale/launcher/inprocess.py), each run's
+    tasks prepared under its own config: the tasks whose local training is plain minibatch
+    SGD on cross-entropy train together, one batched computation per model architecture
+    (fedstale/common/cohort.py), whichever run they belong to; any other trains alone, as
+    `train_task` would, and the reason is logged once. A task is credited an equal share of
+    its computation's time. On the first run's `client-threads`."""
+    with limited(batches[0][0].client_threads):
+        results: dict[tuple[int, int], Result] = {}
+        groups: dict[tuple, list[Together]] = {}
+        for run_index, (cfg, jobs) in enumerate(batches):
+            for index, (partition, config, arrays, sets, state) in enumerate(jobs):
+                ready = prepare(cfg, partition, config, arrays, sets, state)
+                why = solo_reason(ready.task.spec, cfg.loss)
+                if why:
+                    said_alone(why, _noted)
+                    loss = ready.task.train()
+                    results[run_index, index] = finish(
+                        ready, get_flat(ready.task.model), loss, state
+                    )
+                else:
+                    params = {n: p.detach().clone() for n, p in ready.task.model.named_parameters()}
+                    groups.setdefault(architecture(ready.task.model), []).append(
+                        (run_index, index, ready, params)
+                    )
+        for together in groups.values():
+            results.update(train_together(together, batches))
+    return [[results[r, i] for i in range(len(jobs))] for r, (_, jobs) in enumerate(batches)]
+
+
+def architecture(model: torch.nn.Module) -> tuple:
+    """What tasks must share to train in one batched computation (one module's forward
+    serves them all): the model's class and layers as it prints them, and its parameters'
+    names, shapes, dtype and device."""
+    params = list(model.named_parameters())
+    shapes = tuple((name, tuple(p.shape), p.dtype, str(p.device)) for name, p in params)
+    return type(model).__qualname__, repr(model), shapes
+
+
+def train_together(
+    together: list[Together], batches: list[RunJobs]
+) -> dict[tuple[int, int], Result]:
+    """Tasks of one architecture trained as one cohort; their results by (run, job)."""
+    started = time.perf_counter()
+    model = together[0][2].task.model
+    trained = cohort_train(model, [member_of(ready, params) for *_, ready, params in together])
+    share = (time.perf_counter() - started) / len(together)
+    results = {}
+    for (run_index, index, ready, _), (params, loss) in zip(together, trained, strict=True):
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                p.copy_(params[name])
+        state = batches[run_index][1][index][4]
+        results[run_index, index] = finish(ready, get_flat(model), loss, state, share)
+    return results
 
 
 def member_of(ready: Prepared, params: dict[str, torch.Tensor]) -> Member:

@@ -5,6 +5,8 @@
                    [--superlink NAME] [--overwrite]
     fedstale run --local [--workers N] [--run-config "k=v ..."] [--app DIR]
                    (no Flower: the same engine, clients trained in N processes)
+    fedstale run --local [--seeds 0,1,2] [--grid "k=v1,v2 ..."] [--run-config "k=v ..."]
+                   (a grid's runs in one process, their tasks trained together: grid.py)
     fedstale compare RUN... [--last K] [--target ACC] [--out DIR]
                    (runs on one plot and one table: fedstale/launcher/compare.py)
     fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
@@ -38,17 +40,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, KebabModel, RunConfig, score_words
+from fedstale.common.config import ConfigError, RunConfig, score_words
 from fedstale.launcher import compare, deploy
+from fedstale.launcher.grid import parse_axes, run_grid
 from fedstale.launcher.launch import (
-    app_defaults,
     federation_options,
     find_app,
     flower_app,
     flower_env,
     hint_for,
     merged_pairs,
-    resolve,
+    preflight,
     to_flower,
     tool,
 )
@@ -59,7 +61,6 @@ from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
 from fedstale.server_app.results import runs_root
-from fedstale.strategies.registry import load_config
 
 
 def flower_command(
@@ -81,22 +82,6 @@ def flower_command(
         "--federation-config",
         to_flower(fed_values),
     ]
-
-
-def preflight(
-    app: Path, pairs: dict[str, Any], federation: str = ""
-) -> tuple[RunConfig, KebabModel, dict[str, Any]]:
-    """Every check that can be made before a run starts (config, federation options, runs
-    directory, the checkpoint to resume, an earlier run in the folder, the dataset): the
-    validated config, the strategy's keys and the overrides for Flower, or one ConfigError
-    line."""
-    from fedstale.server_app.experiment import prepare
-
-    run, overrides = resolve(app, pairs)
-    federation_options(federation)
-    _, params = load_config({**app_defaults(app), **overrides})
-    prepare(run, params)
-    return run, params, overrides
 
 
 def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink: str = "") -> int:
@@ -275,7 +260,9 @@ def run_parser(name: str) -> argparse.ArgumentParser:
     parser.add_argument("--federation-config", default="", help="Flower simulation options")
     parser.add_argument("--app", type=Path, default=None, help=APP_HELP)
     if name == "check":
-        parser.set_defaults(superlink="", local=False, overwrite=False, workers=None)
+        parser.set_defaults(
+            superlink="", local=False, overwrite=False, workers=None, seeds="", grid=""
+        )
         return parser
     parser.add_argument(
         "--superlink", default="", help="SuperLink connection name (default: Flower's default)"
@@ -293,6 +280,17 @@ def run_parser(name: str) -> argparse.ArgumentParser:
         type=int,
         default=None,
         help="with --local: processes training clients (default: the core count)",
+    )
+    parser.add_argument(
+        "--seeds",
+        default="",
+        help="with --local: run each of these seeds (0,1,2), as one grid in this process",
+    )
+    parser.add_argument(
+        "--grid",
+        default="",
+        help='with --local: a run per combination of "key=v1,v2 ..." (with --seeds), every '
+        "run's waiting tasks trained together; rerun the same command to resume",
     )
     return parser
 
@@ -318,6 +316,11 @@ def command(argv: list[str]) -> int:
         parser.error("--local runs without Flower; drop --superlink and --federation-config")
     if workers is not None and workers < 1:
         parser.error("--workers must be at least 1")
+    grid = name == "run" and bool(args.seeds or args.grid)
+    if grid and not local:
+        parser.error("--seeds and --grid go with --local (a grid runs in this process)")
+    if grid and workers is not None:
+        parser.error("--workers goes without --grid: a grid trains its runs' tasks together here")
     try:
         app = find_app(args.app)
         pairs = merged_pairs(args.run_config)
@@ -330,6 +333,8 @@ def command(argv: list[str]) -> int:
                 print(f"fedstale: DP: {note}", file=sys.stderr)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             return 0
+        if grid:
+            return run_grid(app, pairs, parse_axes(args.grid, args.seeds))
         if local:
             return run_local(app, pairs, workers or len(os.sched_getaffinity(0)))
         return run_simulation(app, pairs, args.federation_config, superlink)

@@ -10,8 +10,10 @@ as Flower's Context.state does on a node.
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -90,24 +92,26 @@ class InProcessTransport:
         return [self.replies.pop(m) for m in list(msg_ids) if m in self.replies]
 
 
-CohortFn = Callable[
-    [RunConfig, list[tuple[int, Mapping[str, Any], Arrays, ArraySets | None, dict]]],
-    list[tuple[dict[str, Any], Arrays, dict[str, Arrays]]],
-]
+Job = tuple[int, Mapping[str, Any], Arrays, ArraySets | None, dict]
+Result = tuple[dict[str, Any], Arrays, dict[str, Arrays]]
+CohortsFn = Callable[[list[tuple[RunConfig, list[Job]]]], list[list[Result]]]
 
 
 class CohortTransport(InProcessTransport):
     """`trainer=cohort`: a train task is not run when it is sent but when the engine waits
     for a reply it lacks; then every task sent and not yet trained (each client's first,
-    in the order sent) trains together as one batched computation (on `client-threads`).
-    A task's inputs are fixed when it is sent, so its result does not depend on when it
-    is trained; tasks the run stops before needing are never trained."""
+    in the order sent) trains in one batched computation, together with the waiting tasks
+    of every other run in the same `CohortPool` (a grid's runs). A task's inputs are fixed
+    when it is sent, so its result does not depend on when or beside what it is trained;
+    tasks the run stops before needing are never trained."""
 
-    def __init__(self, run: RunConfig, cohort: CohortFn, evaluate: EvaluateFn) -> None:
+    def __init__(self, run: RunConfig, pool: CohortPool, evaluate: EvaluateFn) -> None:
         super().__init__(run, lambda *args: {}, evaluate)  # type: ignore[arg-type,return-value]
-        self.cohort_fn = cohort
+        self.pool = pool
         self.pending: list[tuple[str, int, dict, Arrays, ArraySets | None]] = []
-        self.sizes: list[int] = []  # tasks per cohort trained (the tests read it)
+        self.cohort_sizes: list[int] = []  # tasks in each computation that trained this run's
+        self.failure: BaseException | None = None
+        pool.expect(self)
 
     def train(
         self, msg_id: str, partition: int, config: dict, arrays: Arrays, sets: ArraySets | None
@@ -116,18 +120,110 @@ class CohortTransport(InProcessTransport):
 
     def wait(self, seconds: float) -> None:
         if self.pending:
-            self.train_pending()
+            self.pool.train_when_all_wait(self)
         else:
-            time.sleep(seconds)
+            self.pool.pause(seconds)
 
-    def train_pending(self) -> None:
-        batch, self.pending = first_of_each(self.pending, lambda job: job[1])
-        jobs = [
+    def next_cohort(self) -> list[tuple[str, int, dict, Arrays, ArraySets | None]]:
+        """Each client's first waiting task, taken off the waiting list."""
+        cohort, self.pending = first_of_each(self.pending, lambda job: job[1])
+        return cohort
+
+    def jobs(self, cohort: list[tuple[str, int, dict, Arrays, ArraySets | None]]) -> list[Job]:
+        return [
             (partition, config, arrays, sets, self.states.setdefault(partition, {}))
-            for _, partition, config, arrays, sets in batch
+            for _, partition, config, arrays, sets in cohort
         ]
-        results = self.cohort_fn(self.run, jobs)
-        self.sizes.append(len(batch))
-        said_together(len(batch), "in this process")
-        for (msg_id, *_), (metrics, result, outputs) in zip(batch, results, strict=True):
+
+    def answer(self, cohort: list, results: list[Result], size: int) -> None:
+        self.cohort_sizes.append(size)
+        for (msg_id, *_), (metrics, result, outputs) in zip(cohort, results, strict=True):
             self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)
+
+
+class CohortPool:
+    """Where the cohort transports of the runs in one process meet, so that the tasks all of
+    them wait for train as one cohort. The runs take turns: a run's thread holds the turn
+    while its engine works and gives it up only while it waits (`turn`), so no two engines
+    ever run at once (torch's and BLAS's thread settings are the process's). When every
+    run still going waits for tasks to train, the last to wait trains them all, one batched
+    computation per model architecture (`cohorts`, fedstale/client_app/task.py
+    train_cohorts), and every run goes on with its replies. A run alone in its pool (a
+    plain `trainer=cohort` run) trains its own tasks whenever it waits."""
+
+    def __init__(self, cohorts: CohortsFn) -> None:
+        self.cohorts = cohorts
+        self.changed = threading.Condition()
+        self.expected: list[CohortTransport] = []  # the runs still going, in the order made
+        self.waiting: list[CohortTransport] = []  # of those, the ones waiting for a cohort
+        self.trained = 0  # cohorts trained so far: a waiting run goes on when it moves
+        self.sizes: list[int] = []  # tasks per cohort, every run's together
+        self.cancelled = False
+
+    def expect(self, transport: CohortTransport) -> None:
+        with self.changed:
+            self.expected.append(transport)
+
+    @contextmanager
+    def turn(self, transport: CohortTransport) -> Iterator[None]:
+        """Hold the turn while `transport`'s run works; when it ends, however it ends, it
+        leaves the pool (training what the others wait for, if they all do)."""
+        with self.changed:
+            try:
+                self.check_cancelled()
+                yield
+            finally:
+                self.expected.remove(transport)
+                self.train_if_all_wait()
+                self.changed.notify_all()
+
+    def train_when_all_wait(self, transport: CohortTransport) -> None:
+        """Called by a run that waits for its tasks (holding the turn when in a pool's
+        `turn`): returns once they are trained."""
+        with self.changed:
+            self.check_cancelled()
+            self.waiting.append(transport)
+            count = self.trained
+            self.train_if_all_wait()
+            while self.trained == count:
+                self.changed.wait()
+                self.check_cancelled()
+        if transport.failure is not None:
+            failure, transport.failure = transport.failure, None
+            raise failure
+
+    def pause(self, seconds: float) -> None:
+        """A run idle with nothing to train: the others may work meanwhile."""
+        with self.changed:
+            self.changed.wait(seconds)
+            self.check_cancelled()
+
+    def cancel(self) -> None:
+        """Every run stops at its next wait (Ctrl-C, SIGTERM): KeyboardInterrupt there."""
+        with self.changed:
+            self.cancelled = True
+            self.changed.notify_all()
+
+    def check_cancelled(self) -> None:
+        if self.cancelled:
+            raise KeyboardInterrupt
+
+    def train_if_all_wait(self) -> None:
+        if not self.waiting or len(self.waiting) < len(self.expected):
+            return
+        runs, self.waiting = self.waiting, []
+        cohorts = [run.next_cohort() for run in runs]
+        size = sum(map(len, cohorts))
+        batches = [(run.run, run.jobs(cohort)) for run, cohort in zip(runs, cohorts, strict=True)]
+        try:
+            results = self.cohorts(batches)
+        except Exception as err:  # every run whose tasks were in it fails
+            for run in runs:
+                run.failure = err
+        else:
+            for run, cohort, answers in zip(runs, cohorts, results, strict=True):
+                run.answer(cohort, answers, size)
+            self.sizes.append(size)
+            said_together(size, "in this process")
+        self.trained += 1
+        self.changed.notify_all()

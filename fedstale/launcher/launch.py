@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import FIX_HINT, KEYS_HINT, ConfigError, RunConfig
+from fedstale.common.config import FIX_HINT, KEYS_HINT, ConfigError, KebabModel, RunConfig
 from fedstale.server_app.results import run_name, runs_root
 from fedstale.strategies.registry import load_config
 
@@ -178,6 +178,22 @@ def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, 
         extra["runs-dir"] = str(runs_root(str(runs_home(app))))
     run, _ = load_config({**fused, **extra})
     return run, extra
+
+
+def preflight(
+    app: Path, pairs: dict[str, Any], federation: str = ""
+) -> tuple[RunConfig, KebabModel, dict[str, Any]]:
+    """Every check that can be made before a run starts (config, federation options, runs
+    directory, the checkpoint to resume, an earlier run in the folder, the dataset): the
+    validated config, the strategy's keys and the overrides for Flower, or one ConfigError
+    line."""
+    from fedstale.server_app.experiment import prepare
+
+    run, overrides = resolve(app, pairs)
+    federation_options(federation)
+    _, params = load_config({**app_defaults(app), **overrides})
+    prepare(run, params)
+    return run, params, overrides
 
 
 def flower_env(**extra: str) -> dict[str, str]:

@@ -4,9 +4,9 @@ server_app never imports client_app."""
 
 from __future__ import annotations
 
-from fedstale.client_app.task import evaluate_task, train_cohort, train_task
+from fedstale.client_app.task import evaluate_task, train_cohorts, train_task
 from fedstale.common.config import RunConfig
-from fedstale.launcher.inprocess import CohortTransport, InProcessTransport
+from fedstale.launcher.inprocess import CohortPool, CohortTransport, InProcessTransport
 from fedstale.launcher.pool import PooledTransport
 
 
@@ -19,7 +19,13 @@ def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
     return PooledTransport(run, train_task, evaluate_task, workers)
 
 
-def cohort_transport(run: RunConfig) -> CohortTransport:
+def cohort_pool() -> CohortPool:
+    """Where the runs of a grid in this process train their waiting tasks together."""
+    return CohortPool(train_cohorts)
+
+
+def cohort_transport(run: RunConfig, pool: CohortPool | None = None) -> CohortTransport:
     """`trainer=cohort`: the tasks waiting to be trained, trained together in this process
-    on `client-threads` threads (on CPU one thread ran LeNet's cohorts fastest)."""
-    return CohortTransport(run, train_cohort, evaluate_task)
+    on `client-threads` threads (on CPU one thread ran LeNet's cohorts fastest), with those
+    of the other runs in `pool` (a grid's; none: this run alone)."""
+    return CohortTransport(run, pool or cohort_pool(), evaluate_task)

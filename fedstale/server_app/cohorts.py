@@ -82,7 +82,7 @@ class CohortGridTransport:
         self.members: dict[str, list[str]] = {}  # cohort message id -> its tasks' ids
         self.cohort_of: dict[str, str] = {}  # task id -> its cohort message's id
         self.answered: dict[str, tuple[float, Reply]] = {}  # task id -> (when, its reply)
-        self.sizes: list[int] = []  # tasks per cohort pushed (the tests read it)
+        self.cohort_sizes: list[int] = []  # tasks per cohort pushed
         self.said: set[str] = set()  # reasons for training alone, said once a run
 
     def node_ids(self) -> list[int]:
@@ -132,7 +132,7 @@ class CohortGridTransport:
             return
         self.members[msg_id] = [task.task_id for task in cohort]
         self.cohort_of.update((task.task_id, msg_id) for task in cohort)
-        self.sizes.append(len(cohort))
+        self.cohort_sizes.append(len(cohort))
         said_together(len(cohort), f"in one message to node {cohort[0].node_id}")
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:

@@ -122,8 +122,9 @@ class AppDoor(Door):
     """fedstale's own ServerApp (`fedstale run`, `--local`, `deploy`): the dataset and
     model come from the run config, and every client's data size is known."""
 
-    def __init__(self, transport: Transport | None) -> None:
+    def __init__(self, transport: Transport | None, label: str = "") -> None:
         self.given = transport  # None: a door that only checks a run (`fedstale check`)
+        self.label = label
         self.torch_model: torch.nn.Module | None = None
 
     def transport(self, run: RunConfig) -> Transport:
@@ -182,7 +183,11 @@ def prepare(run: RunConfig, params: KebabModel) -> None:
     lifecycle.prepare(AppDoor(None), run, params)
 
 
-def run_experiment(run: RunConfig, params: KebabModel, transport: Transport) -> dict[str, Any]:
+def run_experiment(
+    run: RunConfig, params: KebabModel, transport: Transport, label: str = ""
+) -> dict[str, Any]:
+    """One run through fedstale's door; `label` names it in its progress lines (a grid's
+    runs share one stderr)."""
     if not log.level:
         log.setLevel(logging.INFO)
-    return lifecycle.run_through(AppDoor(transport), run, params)
+    return lifecycle.run_through(AppDoor(transport, label), run, params)

@@ -71,6 +71,7 @@ class Door(ABC):
     `settings` and `refuse` before the folder is claimed; the rest after."""
 
     contract: Contract | None = None  # None: fedstale's own task and reply format
+    label = ""  # names the run in its progress lines instead of the rule (a grid's runs)
 
     @abstractmethod
     def transport(self, run: RunConfig) -> Transport: ...
@@ -206,7 +207,7 @@ def build_engine(
     engine: Engine | None = None
     transport = door.transport(run)
     check_noise_seed(run, transport)
-    progress = progress_for(run.progress_interval)
+    progress = progress_for(run.progress_interval, door.label)
 
     def version() -> int:
         return engine.version if engine is not None else 0

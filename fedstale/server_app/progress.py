@@ -46,8 +46,9 @@ def spent(engine: Engine) -> str:
 
 
 class Progress:
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, label: str = "") -> None:
         self.interval = interval
+        self.label = label  # the line's tag: the run's rule unless given
         self.last = time.monotonic()
 
     def __call__(self, engine: Engine) -> None:
@@ -63,7 +64,7 @@ class Progress:
         eta = f" eta {elapsed * (1 - share) / share:,.0f}s" if 0 < share < 1 else ""
         log.info(
             "[%s] %s v=%d updates=%d rejected=%d lost=%d%s %.1f upd/s%s",
-            run.strategy,
+            self.label or run.strategy,
             clock,
             engine.version,
             counters.accepted,
@@ -128,9 +129,11 @@ class ProgressBar:
             handler.setStream(stream)
 
 
-def progress_for(interval: float) -> Progress | ProgressBar:
-    """The bar when stderr is a terminal (rich draws there), else the log line."""
-    return ProgressBar() if sys.stderr.isatty() else Progress(interval)
+def progress_for(interval: float, label: str = "") -> Progress | ProgressBar:
+    """The bar when stderr is a terminal (rich draws there), else the log line; log lines
+    tagged `label` for a run that shares stderr with others (a grid's: one bar per run
+    would fight over the terminal)."""
+    return ProgressBar() if sys.stderr.isatty() and not label else Progress(interval, label)
 
 
 def setup_logging() -> None:

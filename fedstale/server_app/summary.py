@@ -34,8 +34,22 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
             ),
             "aulc_days": aulc(times, accuracies) if scored else None,
             **counts(engine, wall_seconds, loop_seconds),
+            **cohorts_of(engine),
         }
     )
+
+
+def cohorts_of(engine: Engine) -> dict[str, Any]:
+    """`cohorts` where the run's tasks trained in cohorts (trainer=cohort): how many
+    computations trained them, their mean and largest size in tasks (a grid's cohorts hold
+    every run's waiting tasks), and how many there were of each size."""
+    sizes = getattr(engine.transport, "cohort_sizes", None)
+    if sizes is None:
+        return {}
+    histogram = {str(size): sizes.count(size) for size in sorted(set(sizes))}
+    mean = round(sum(sizes) / len(sizes), 3) if sizes else None
+    largest = max(sizes, default=None)
+    return {"cohorts": {"count": len(sizes), "mean": mean, "largest": largest, "sizes": histogram}}
 
 
 def finite_or_null(value: Any) -> Any:
