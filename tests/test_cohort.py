@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -100,7 +101,116 @@ def test_a_golden_run_with_cohort_training_matches_its_golden_files(tmp_path: Pa
     assert max(transport.cohort_sizes) > 1 and sum(transport.cohort_sizes) >= 300
 
 
-def test_a_rule_with_a_client_half_trains_alone_and_says_so(
+def test_momentum_weight_decay_clipping_and_a_batched_term_train_as_alone() -> None:
+    """Each member its own momentum, weight decay, gradient clip and PACE cosine term (or
+    none), against `local_train` with torch.optim.SGD and the term on the task's model."""
+    from fedstale.common.training import Optimiser
+    from fedstale.strategies.pace import CosineToStartTerm
+
+    model = LeNet((1, 28, 28), 10)
+    settings = [
+        (0.9, 0.0, 0.0, 0.0),
+        (0.0, 5e-3, 0.0, 0.1),
+        (0.5, 1e-3, 0.5, 0.0),
+        (0.0, 0.0, 0.0, 0.0),
+    ]
+    cohort = []
+    for member, (momentum, decay, clip, weight) in zip(members(model), settings, strict=False):
+        start = torch.cat([p.reshape(-1) for p in member.params.values()])
+        terms = (CosineToStartTerm(weight, [], start),) if weight else ()
+        cohort.append(
+            replace(member, momentum=momentum, weight_decay=decay, grad_clip=clip, terms=terms)
+        )
+    trained = cohort_train(model, cohort)
+    for member, (params, loss) in zip(cohort, trained, strict=True):
+        alone = copy.deepcopy(model)
+        with torch.no_grad():
+            for name, p in alone.named_parameters():
+                p.copy_(member.params[name])
+        terms = [
+            CosineToStartTerm(t.weight, list(alone.parameters()), t.start) for t in member.terms
+        ]
+        expected = local_train(
+            alone,
+            member.x,
+            member.y,
+            epochs=member.epochs,
+            batch_size=member.batch_size,
+            lr=member.lr,
+            seed=member.seed,
+            proximal_mu=member.proximal_mu,
+            steps=member.steps,
+            closed_form=False,
+            optimiser=Optimiser("sgd", member.momentum, member.weight_decay, member.grad_clip),
+            loss_terms=terms,
+        )
+        for name, p in alone.named_parameters():
+            torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-5)
+        assert loss == pytest.approx(expected, rel=1e-5)
+
+
+RULE_RUNS = {
+    "fedpsa": {"buffer-size": 2},
+    "pace": {},
+    "pfedgraph-async": {},
+    "fedqs-sgd": {"momentum": 0.5},
+    "fedqs-avg": {"momentum": 0.5},
+    "mafsa": {"mafsa-edges": 2, "local-steps": 4, "concurrency": 8, "dropout-rate": 0.4},
+    "fedbuff": {"momentum": 0.9, "weight-decay": 1e-3, "grad-clip": 5.0, "buffer-size": 2},
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(RULE_RUNS))
+def test_every_seed_rule_trains_in_cohorts_as_it_does_per_task(
+    strategy: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A seed system's run with trainer=cohort: its client half and optimiser settings
+    join the cohorts (none trains alone), and the run's events equal those of per-task
+    training (trainer=autograd), its floats within float summation order."""
+    from fedstale.launcher.local import cohort_transport, local_transport
+    from fedstale.server_app.experiment import run_experiment
+    from fedstale.server_app.results import read_jsonl
+    from fedstale.strategies.registry import load_config
+    from tests.goldens import one_thread
+
+    values = {
+        "strategy": strategy,
+        "dataset": "digits",
+        "num-clients": 8,
+        "concurrency": 4,
+        "local-epochs": 1,
+        "max-updates": 24,
+        "max-virtual-time": 0.0,
+        "eval-interval": 200.0,
+        "runs-dir": str(tmp_path),
+        **RULE_RUNS[strategy],
+    }
+    rows = {}
+    for trainer in ("cohort", "autograd"):
+        run, params = load_config({**values, "trainer": trainer, "run-name": trainer})
+        transport = cohort_transport(run) if trainer == "cohort" else local_transport(run)
+        with one_thread():
+            run_experiment(run, params, transport)
+        rows[trainer] = [
+            read_jsonl(tmp_path / trainer / f) for f in ("updates.jsonl", "metrics.jsonl")
+        ]
+        if trainer == "cohort":
+            assert max(transport.cohort_sizes) > 1, transport.cohort_sizes
+    assert "train one at a time" not in caplog.text
+    for together, alone in zip(rows["cohort"], rows["autograd"], strict=True):
+        assert len(together) == len(alone) > 0
+        for a, b in zip(together, alone, strict=True):
+            assert a.keys() == b.keys()
+            for key, value in a.items():
+                if key in {"wall_time", "compute_seconds"}:
+                    continue
+                if isinstance(value, float):
+                    assert value == pytest.approx(b[key], rel=1e-3, abs=1e-4), (key, a, b)
+                else:
+                    assert value == b[key], (key, a, b)
+
+
+def test_a_task_with_an_optimiser_cohorts_do_not_batch_trains_alone_and_says_so(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     from fedstale.launcher.local import cohort_transport
@@ -108,8 +218,9 @@ def test_a_rule_with_a_client_half_trains_alone_and_says_so(
     from fedstale.strategies.registry import load_config
 
     values = {
-        "strategy": "fedpsa",
+        "strategy": "fedbuff",
         "trainer": "cohort",
+        "optimizer": "adam",
         "dataset": "digits",
         "num-clients": 6,
         "concurrency": 3,
@@ -118,12 +229,12 @@ def test_a_rule_with_a_client_half_trains_alone_and_says_so(
         "max-versions": 3,
         "max-virtual-time": 0.0,
         "runs-dir": str(tmp_path),
-        "run-name": "psa",
+        "run-name": "adam",
     }
     run, params = load_config(values)
     summary = run_experiment(run, params, cohort_transport(run))
     assert summary["versions"] == 3 and summary["updates_rejected"] == 0
-    assert "trainer=cohort: client rules ['fedpsa-sketch'] change local training" in caplog.text
+    assert "trainer=cohort: optimizer 'adam' (cohorts train SGD)" in caplog.text
 
 
 class ClientAppGrid:
@@ -170,9 +281,9 @@ def test_cohort_messages_train_their_tasks_as_each_would_alone() -> None:
         config = TaskSpec(task_id, 0, 0.05, 1, 16, task_id, **spec).to_config()  # type: ignore[arg-type]
         return {**config, ASSIGNED_PARTITION: partition}
 
-    configs = [task(0, 2), task(1, 3), task(2, 2), task(3, 1, momentum=0.9)]
+    configs = [task(0, 2), task(1, 3), task(2, 2), task(3, 1, optimizer="adam")]
     sent = [transport.send(1000 + c[ASSIGNED_PARTITION], MSG_TRAIN, c, arrays) for c in configs]
-    assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN]  # the momentum task
+    assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN]  # the Adam task
     transport.wait(0.0)
     transport.wait(0.0)
     assert [m.metadata.message_type for m in grid.pushed] == [MSG_TRAIN, MSG_COHORT, MSG_COHORT]

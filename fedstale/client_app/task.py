@@ -13,7 +13,14 @@ import numpy as np
 import torch
 
 from fedstale.client_app.faults import corrupt
-from fedstale.common.cohort import Member, cohort_train, said_alone, solo_reason
+from fedstale.common.cohort import (
+    BatchedTerm,
+    Member,
+    cohort_train,
+    said_alone,
+    solo_reason,
+    unbatched_terms,
+)
 from fedstale.common.config import RunConfig
 from fedstale.common.models import (
     ParamLayout,
@@ -36,7 +43,7 @@ from fedstale.common.shares import client_data, client_holdout
 from fedstale.common.threads import limited, on_client_threads
 from fedstale.strategies.client import ClientRule, LocalTask, rules_named
 from fedstale.strategies.privacy import clip_to
-from fedstale.strategies.registry import client_rules
+from fedstale.strategies.registry import client_rules, cohort_rules
 
 Arrays = dict[str, np.ndarray]
 
@@ -218,7 +225,8 @@ def train_cohorts(batches: list[RunJobs]) -> list[list[Result]]:
         for run_index, (cfg, jobs) in enumerate(batches):
             for index, (partition, config, arrays, sets, state) in enumerate(jobs):
                 ready = prepare(cfg, partition, config, arrays, sets, state)
-                why = solo_reason(ready.task.spec, cfg.loss)
+                why = solo_reason(ready.task.spec, cfg.loss, cohort_rules())
+                why = why or unbatched_terms(ready.task.loss_terms)
                 if why:
                     said_alone(why, _noted)
                     loss = ready.task.train()
@@ -274,4 +282,8 @@ def member_of(ready: Prepared, params: dict[str, torch.Tensor]) -> Member:
         spec.seed,
         spec.proximal_mu,
         spec.local_steps,
+        spec.momentum,
+        spec.weight_decay,
+        spec.grad_clip,
+        tuple(term for term in task.loss_terms if isinstance(term, BatchedTerm)),
     )

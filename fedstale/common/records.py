@@ -22,6 +22,21 @@ from fedstale.common.schema import (
 ArraySets = Mapping[str, Mapping[str, np.ndarray]]  # set name -> state-dict-like arrays
 
 
+def frozen_copy(
+    arrays: Mapping[str, np.ndarray] | None, sets: ArraySets | None
+) -> tuple[dict[str, np.ndarray] | None, dict[str, dict[str, np.ndarray]] | None]:
+    """A task's arrays as they are when it is sent: a rule may change its own arrays in place
+    afterwards (PACE blends phi_c), and a task trained later must not see that."""
+    kept = None if arrays is None else {name: np.array(a, copy=True) for name, a in arrays.items()}
+    kept_sets = None
+    if sets is not None:
+        kept_sets = {
+            key: {name: np.array(a, copy=True) for name, a in part.items()}
+            for key, part in sets.items()
+        }
+    return kept, kept_sets
+
+
 def to_array_record(arrays: Mapping[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
 

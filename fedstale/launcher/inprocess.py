@@ -20,7 +20,7 @@ import numpy as np
 
 from fedstale.common.cohort import first_of_each, said_together
 from fedstale.common.config import RunConfig
-from fedstale.common.records import ArraySets
+from fedstale.common.records import ArraySets, frozen_copy
 from fedstale.common.schema import MSG_EVALUATE, MSG_QUERY, MSG_TRAIN, ReplyKeys
 from fedstale.server_app.transport import Reply
 
@@ -116,7 +116,8 @@ class CohortTransport(InProcessTransport):
     def train(
         self, msg_id: str, partition: int, config: dict, arrays: Arrays, sets: ArraySets | None
     ) -> None:
-        self.pending.append((msg_id, partition, config, arrays, sets))
+        kept, kept_sets = frozen_copy(arrays, sets)  # trained later: as they are now
+        self.pending.append((msg_id, partition, config, kept or {}, kept_sets))
 
     def wait(self, seconds: float) -> None:
         if self.pending:

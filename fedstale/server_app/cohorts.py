@@ -25,7 +25,7 @@ from flwr.serverapp import Grid
 
 from fedstale.common.cohort import first_of_each, said_alone, said_together, solo_reason
 from fedstale.common.config import RunConfig
-from fedstale.common.records import ArraySets, cohort_content, message_content
+from fedstale.common.records import ArraySets, cohort_content, frozen_copy, message_content
 from fedstale.common.schema import ASSIGNED_PARTITION, MSG_COHORT, MSG_TRAIN, TaskSpec
 from fedstale.server_app.transport import (
     UNCLAIMED_SECONDS,
@@ -34,6 +34,7 @@ from fedstale.server_app.transport import (
     SendRefused,
     Transport,
 )
+from fedstale.strategies.registry import cohort_rules
 
 log = logging.getLogger("fedstale")
 TASK_PREFIX = "cohort-task-"
@@ -101,12 +102,13 @@ class CohortGridTransport:
         self.count += 1
         task_id = f"{TASK_PREFIX}{self.count}"
         partition = int(config[ASSIGNED_PARTITION])
-        self.waiting.append(Waiting(task_id, node_id, partition, config, arrays, sets))
+        kept, kept_sets = frozen_copy(arrays, sets)  # pushed later: as they are now
+        self.waiting.append(Waiting(task_id, node_id, partition, config, kept, kept_sets))
         return task_id
 
     def alone_because(self, config: Mapping[str, Any]) -> str:
         """Why a train task goes alone ("" when it joins a cohort); each reason said once."""
-        why = solo_reason(TaskSpec.from_config(config), self.loss)
+        why = solo_reason(TaskSpec.from_config(config), self.loss, cohort_rules())
         if not why and ASSIGNED_PARTITION not in config:
             why = NO_PARTITION
         if why:

@@ -75,6 +75,11 @@ class ClientRule:
     # What a Flower ClientApp adds to run this rule's client half (a mod); empty where
     # only fedstale's own ClientApp has it.
     mod: ClassVar[str] = ""
+    # Whether a task running this rule can train in a cohort (trainer=cohort): its hooks
+    # leave local training as the task's spec says (they may change the spec in `before`,
+    # add loss terms with a batched form, fedstale/common/cohort.py BatchedTerm, or train
+    # further in `after`, which stays per task).
+    in_cohorts: ClassVar[bool] = False
 
     def before(self, task: LocalTask) -> None:
         """Called with the start model loaded, before local training."""

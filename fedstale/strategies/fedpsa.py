@@ -89,6 +89,7 @@ class SensitivitySketch(ClientRule):
     on the shared calibration batch, and ||delta||^2 for the thermometer (eq. 16)."""
 
     name = "fedpsa-sketch"
+    in_cohorts = True  # the sketch reads the trained model: training itself is plain
     mod = "add fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:

@@ -314,6 +314,7 @@ class ClassSpread(ClientRule):
     the momentum it trained with and the spread (-1 where it was not asked for)."""
 
     name = "fedqs-class-spread"
+    in_cohorts = True  # it sets the task's momentum, which cohorts train per member
     mod = "add fedstale.fedqs_mod(model_fn, data_fn) to your ClientApp's mods"
 
     def before(self, task: LocalTask) -> None:

@@ -59,6 +59,7 @@ class StaleTraining(ClientRule):
     back beside the fresh model."""
 
     name = "mafsa-stale-training"
+    in_cohorts = True  # the fresh model trains in the cohort, the offline rounds after it
     mod = "add fedstale.mafsa_mod() to your ClientApp's mods"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:

@@ -33,6 +33,7 @@ momentum 0.9 and weight decay 1e-4. Memory on the server: n models and an n x n 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -115,6 +116,7 @@ class CosineToStart(ClientRule):
     parameters, w_start the model the task started from."""
 
     name = "cosine-to-start"
+    in_cohorts = True  # its term has a batched form
 
     def before(self, task: LocalTask) -> None:
         weight = float(task.spec.extra.get(RuleKeys.PACE_LAMBDA, 0.0))
@@ -122,12 +124,24 @@ class CosineToStart(ClientRule):
             return
         params = list(task.model.state_dict(keep_vars=True).values())  # the layout's order
         start = torch.from_numpy(task.start).to(params[0].device)
+        task.loss_terms.append(CosineToStartTerm(weight, params, start))
 
-        def term(model: torch.nn.Module) -> torch.Tensor:
-            flat = torch.cat([p.reshape(-1) for p in params])
-            return weight * (1.0 - torch.nn.functional.cosine_similarity(flat, start, 0, 1e-12))
 
-        task.loss_terms.append(term)
+@dataclass(frozen=True)
+class CosineToStartTerm:
+    """lambda (1 - cos(w, w_start)) (eq. 4): on the task's model (`params`, the layout's
+    order), and as a cohort batches it (`flat`, fedstale/common/cohort.py BatchedTerm)."""
+
+    weight: float
+    params: list[torch.Tensor]
+    start: torch.Tensor
+
+    @staticmethod
+    def flat(flat: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        return 1.0 - torch.nn.functional.cosine_similarity(flat, start, 0, 1e-12)
+
+    def __call__(self, model: torch.nn.Module) -> torch.Tensor:
+        return self.weight * self.flat(torch.cat([p.reshape(-1) for p in self.params]), self.start)
 
 
 # ---------------------------------------------------------------- the server half

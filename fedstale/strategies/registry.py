@@ -117,6 +117,12 @@ def client_rules() -> dict[str, ClientRule]:
     return {rule.name: rule for cls in STRATEGIES.values() for rule in cls.client_rules}
 
 
+def cohort_rules() -> frozenset[str]:
+    """The client rules whose work leaves a task's local training batchable in a cohort
+    (`ClientRule.in_cohorts`)."""
+    return frozenset(name for name, rule in client_rules().items() if rule.in_cohorts)
+
+
 def known_keys() -> set[str]:
     keys = RunConfig.keys()
     for cls in STRATEGIES.values():
