@@ -50,27 +50,41 @@ def members(model: torch.nn.Module) -> list[Member]:
     return out
 
 
+def trained_alone(model: torch.nn.Module, member: Member) -> tuple[torch.nn.Module, float]:
+    """`member`'s task trained by itself (`local_train`, torch.optim.SGD, its loss terms on
+    its own model): the trained model and its last-pass loss."""
+    from fedstale.common.training import Optimiser
+    from fedstale.strategies.pace import CosineToStartTerm
+
+    alone = copy.deepcopy(model)
+    with torch.no_grad():
+        for name, p in alone.named_parameters():
+            p.copy_(member.params[name])
+    own = list(alone.parameters())
+    terms = [CosineToStartTerm(term.weight, own, term.start) for term in member.terms]
+    loss = local_train(
+        alone,
+        member.x,
+        member.y,
+        epochs=member.epochs,
+        batch_size=member.batch_size,
+        lr=member.lr,
+        seed=member.seed,
+        proximal_mu=member.proximal_mu,
+        steps=member.steps,
+        closed_form=False,
+        optimiser=Optimiser("sgd", member.momentum, member.weight_decay, member.grad_clip),
+        loss_terms=terms,
+    )
+    return alone, loss
+
+
 def test_a_cohort_trains_each_client_as_its_own_task_would() -> None:
     model = LeNet((1, 28, 28), 10)
     cohort = members(model)
     trained = cohort_train(model, cohort)
     for member, (params, loss) in zip(cohort, trained, strict=True):
-        alone = copy.deepcopy(model)
-        with torch.no_grad():
-            for name, p in alone.named_parameters():
-                p.copy_(member.params[name])
-        expected = local_train(
-            alone,
-            member.x,
-            member.y,
-            epochs=member.epochs,
-            batch_size=member.batch_size,
-            lr=member.lr,
-            seed=member.seed,
-            proximal_mu=member.proximal_mu,
-            steps=member.steps,
-            closed_form=False,
-        )
+        alone, expected = trained_alone(model, member)
         for name, p in alone.named_parameters():
             torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-5)
         if len(member.y):
@@ -104,7 +118,6 @@ def test_a_golden_run_with_cohort_training_matches_its_golden_files(tmp_path: Pa
 def test_momentum_weight_decay_clipping_and_a_batched_term_train_as_alone() -> None:
     """Each member its own momentum, weight decay, gradient clip and PACE cosine term (or
     none), against `local_train` with torch.optim.SGD and the term on the task's model."""
-    from fedstale.common.training import Optimiser
     from fedstale.strategies.pace import CosineToStartTerm
 
     model = LeNet((1, 28, 28), 10)
@@ -123,27 +136,7 @@ def test_momentum_weight_decay_clipping_and_a_batched_term_train_as_alone() -> N
         )
     trained = cohort_train(model, cohort)
     for member, (params, loss) in zip(cohort, trained, strict=True):
-        alone = copy.deepcopy(model)
-        with torch.no_grad():
-            for name, p in alone.named_parameters():
-                p.copy_(member.params[name])
-        terms = [
-            CosineToStartTerm(t.weight, list(alone.parameters()), t.start) for t in member.terms
-        ]
-        expected = local_train(
-            alone,
-            member.x,
-            member.y,
-            epochs=member.epochs,
-            batch_size=member.batch_size,
-            lr=member.lr,
-            seed=member.seed,
-            proximal_mu=member.proximal_mu,
-            steps=member.steps,
-            closed_form=False,
-            optimiser=Optimiser("sgd", member.momentum, member.weight_decay, member.grad_clip),
-            loss_terms=terms,
-        )
+        alone, expected = trained_alone(model, member)
         for name, p in alone.named_parameters():
             torch.testing.assert_close(params[name], p.detach(), rtol=1e-5, atol=1e-5)
         assert loss == pytest.approx(expected, rel=1e-5)
