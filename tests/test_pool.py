@@ -71,3 +71,26 @@ def test_a_client_exception_is_an_error_reply_and_the_clients_next_task_runs() -
     assert replies[bad].error_code == 1 and replies[bad].error == "ValueError: boom"
     assert replies[good].error_code is None and replies[good].metrics["seen"] == 1
     assert replies[score].metrics == {"partition": 2, "sum": 2.0}
+
+
+def test_local_runs_on_a_gpu_train_in_this_process_unless_workers_are_asked_for(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Worker processes sharing one GPU added nothing measured (bench.gpu): on a GPU,
+    `--local` trains in its own process and says why; `--workers N` still spawns."""
+    import os
+
+    import torch
+
+    import fedstale.common.models as models
+    from fedstale.common.config import parse_run_config
+    from fedstale.launcher.cli import local_workers
+
+    run = parse_run_config({"concurrency": 10})
+    monkeypatch.setattr(models, "resolve_device", lambda name: torch.device("cuda"))
+    assert local_workers(run, None) == 1
+    assert "clients train in this process" in capsys.readouterr().err
+    assert local_workers(run, 4) == 4 and local_workers(run, 40) == 10
+    monkeypatch.setattr(models, "resolve_device", lambda name: torch.device("cpu"))
+    assert local_workers(run, None) == min(len(os.sched_getaffinity(0)), 10)
+    assert capsys.readouterr().err == ""
