@@ -9,6 +9,7 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
+import pytest
 
 from fedstale.common.config import RunConfig
 from fedstale.common.schema import MSG_EVALUATE, MSG_TRAIN
