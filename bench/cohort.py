@@ -2,6 +2,7 @@
 
     python -m bench.cohort [--models lenet,linear] [--workers N] [--run-config "k=v"]
     python -m bench.cohort --profile    # where a LeNet step's time goes, per task and cohort
+    python -m bench.cohort --grid [--seeds 3] [--models lenet]   # a grid's runs together
 
 For each model, one run config (the default experiment: FedBuff, Fashion-MNIST, 50 clients,
 10 in flight, on a virtual-time budget of a few hundred updates), run five ways one after
@@ -13,6 +14,12 @@ train with autograd (`trainer=autograd`, the arithmetic a cohort batches; for Le
 what `auto` does). Printed: updates per second over the engine's loop, each cohort row as a
 ratio against per-task training on the same cores (the target of issue 40: >= 1.5x), and
 the final accuracy of every row (equal within float summation order).
+
+`--grid`: the 12 runs of a small paper grid (3 seeds x FedBuff, FedAsync, FedAvg, FedPSA,
+`trainer=cohort`) in one process, their waiting tasks trained as one cohort (`fedstale run
+--local --grid`), against the same 12 runs one after another on the same cores: updates per
+second over the whole wall time, the mean and largest cohort, and the largest difference of
+a run's final accuracy between the two (float summation order only).
 """
 
 from __future__ import annotations
@@ -75,6 +82,41 @@ def table(model: str, rows: list[tuple[str, dict[str, Any]]], workers: int) -> s
     return "\n".join(lines)
 
 
+def grid_table(model: str, extra: str, seeds: int) -> str:
+    from bench.throughput import GRID_STRATEGIES, grid_configs, grid_measure
+
+    budget = BUDGETS.get(model, 4_000.0)
+    config = (
+        f"model={model} max-virtual-time={budget} eval-interval={budget / 2} "
+        f"progress-interval=600 {extra}"
+    )
+    configs = grid_configs(config, seeds)
+    with tempfile.TemporaryDirectory() as tmp:
+        alone = grid_measure(configs, Path(tmp), together=False)
+        together = grid_measure(configs, Path(tmp), together=True)
+    apart = max(
+        abs(a["final_accuracy"] - b["final_accuracy"])
+        for a, b in zip(together["summaries"], alone["summaries"], strict=True)
+    )
+    runs = f"{len(configs)} runs ({seeds} seeds x {', '.join(GRID_STRATEGIES)})"
+    lines = [
+        f"| {model}: {runs} | updates/s | x one after another | mean cohort | largest |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for label, row in (("one after another", alone), ("together (--grid)", together)):
+        ratio = row["updates_per_second"] / alone["updates_per_second"]
+        lines.append(
+            f"| {label} | {row['updates_per_second']:.2f} | {ratio:.2f} | "
+            f"{row['cohort_mean']:.1f} | {row['cohort_largest']} |"
+        )
+    updates = sum(s["updates_accepted"] for s in together["summaries"])
+    lines.append(
+        f"({updates} updates in all, {len(os.sched_getaffinity(0))} cores; final accuracies "
+        f"differ by at most {apart:.2g})"
+    )
+    return "\n".join(lines)
+
+
 def profile_lenet(clients: int = 10, samples: int = 640) -> None:
     """`torch.profiler` tables, on one thread, of `clients` LeNet clients' one pass of
     batches of 64 trained per task (local_train with autograd) and as one cohort."""
@@ -112,9 +154,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--run-config", default="", help="extra key=value pairs for every run")
     parser.add_argument("--profile", action="store_true", help="profile LeNet's steps only")
+    parser.add_argument("--grid", action="store_true", help="a grid's runs together (see above)")
+    parser.add_argument("--seeds", type=int, default=3, help="with --grid: seeds per rule")
     options = parser.parse_args(argv)
     if options.profile:
         profile_lenet()
+        return
+    if options.grid:
+        for model in options.models.split(","):
+            print(grid_table(model, options.run_config, options.seeds), flush=True)
         return
     for model in options.models.split(","):
         rows = rows_for(model, options.run_config, options.workers)

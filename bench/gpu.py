@@ -15,6 +15,10 @@ Fashion-MNIST (50 clients, Dirichlet 0.1, 5 local epochs, batch 64):
 - `--local`, `device=cuda`, 1, 2 and 4 worker processes sharing the GPU (FedBuff, 10 tasks
   in flight; rates over the engine's loop), and `trainer=cohort` (the tasks waiting to be
   trained, together in the engine's process);
+- for LeNet: FedPSA in `--local` per task and with `trainer=cohort` (its sketch joins the
+  cohorts), and the grid rows: 12 runs (3 seeds x FedBuff, FedAsync, FedAvg, FedPSA) one
+  after another and together in one process (`fedstale run --local --grid`: every run's
+  waiting tasks trained as one cohort), with the mean and largest cohort in the label;
 - Flower simulation (`fedstale run` on a SuperLink of its own, partitions assigned) with
   `client-resources-num-gpus` 1, 0.5 and 0.25 (1, 2 and 4 ClientApps on the GPU at once),
   and `trainer=cohort` at num-gpus 1 (the waiting tasks as one message to one ClientApp);
@@ -26,11 +30,16 @@ Peak GPU memory: in-process rows from torch's allocator; runs in other processes
 `nvidia-smi` sampled every 0.2 s (the device's used memory above what it was before the
 run). `--smoke`: digits and the MLP on CPU, tiny budgets, one worker count, one simulation
 row, so that every code path runs in about a minute.
+
+Each row is printed as soon as it is measured and needs no other row: a run cut short keeps
+what it printed, and a row that fails says so in its own line. Without flwr the command
+stops in one line; without ray the Flower rows say they are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -42,6 +51,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -50,7 +60,16 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from bench.throughput import bare_rate, bare_setup, local_summary, synchronize  # noqa: E402
+if __name__ == "__main__" and importlib.util.find_spec("flwr") is None:  # fedstale needs it
+    sys.exit("bench.gpu: no flwr here: install flwr (and ray, for the Flower rows) first")
+from bench.throughput import (  # noqa: E402
+    bare_rate,
+    bare_setup,
+    grid_configs,
+    grid_measure,
+    local_summary,
+    synchronize,
+)
 from fedstale.common.cohort import Member, cohort_train  # noqa: E402
 from fedstale.common.config import parse_run_config  # noqa: E402
 from fedstale.launcher.launch import parse_pairs, tool  # noqa: E402
@@ -72,6 +91,8 @@ class Plan:
     workers: tuple[int, ...]
     gpu_shares: tuple[float, ...]
     quickstart_rounds: int
+    grid_seeds: int  # the grid rows: this many seeds x FedBuff, FedAsync, FedAvg, FedPSA
+    grid_budget: float  # virtual time of each grid run
 
     @classmethod
     def full(cls) -> Plan:
@@ -84,6 +105,8 @@ class Plan:
             workers=(1, 2, 4),
             gpu_shares=(1.0, 0.5, 0.25),
             quickstart_rounds=30,
+            grid_seeds=3,
+            grid_budget=1_500.0,
         )
 
     @classmethod
@@ -97,6 +120,8 @@ class Plan:
             workers=(1,),
             gpu_shares=(0.0,),
             quickstart_rounds=2,
+            grid_seeds=1,
+            grid_budget=200.0,
         )
 
 
@@ -220,7 +245,12 @@ def quickstart_rate(workdir: Path, rounds: int, share: float) -> float:
     return float(json.loads(runs[0].read_text())["updates_per_second"])
 
 
-def model_rows(plan: Plan, model: str, workdir: Path, link: SimulationSuperLink) -> list[Row]:
+Measure = tuple[str, Callable[[], tuple[float, float | None]], bool]  # label, rate+peak, Flower?
+
+
+def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Measure]:
+    """Each row of a model's table: its label, how to measure it (updates per second and
+    peak GPU MiB) and whether it needs Flower; no row needs another's result."""
     budget = plan.budgets[model]
     config = (
         f"{plan.base} model={model} max-virtual-time={budget} eval-interval={budget / 2} "
@@ -228,39 +258,104 @@ def model_rows(plan: Plan, model: str, workdir: Path, link: SimulationSuperLink)
     )
     pairs = parse_pairs(config)
     device = plan.device
-    rate, peak = allocator_peak(device, lambda: bare_rate(pairs, plan.tasks, device))
-    rows = [Row("bare loop", rate, peak)]
-    rate, peak = allocator_peak(device, lambda: cohort_rate(pairs, plan.tasks, device))
-    rows.append(Row(f"cohort of {COHORT}", rate, peak))
-    for workers in plan.workers:
-        with GpuMemory().watch(device) as memory:
-            rate = local_summary(config, workdir / model, workers)["updates_per_second"]
-        rows.append(Row(f"--local, {workers} worker(s)", rate, memory.peak))
-    with GpuMemory().watch(device) as memory:
-        rate = local_summary(f"{config} trainer=cohort", workdir / model, 1)["updates_per_second"]
-    rows.append(Row("--local, trainer=cohort", rate, memory.peak))
-    for share in plan.gpu_shares:
-        with GpuMemory().watch(device) as memory:
-            rate = simulation_rate(config, workdir, share, link)
-        rows.append(Row(f"Flower simulation, num-gpus {share:g}", rate, memory.peak))
-    share = plan.gpu_shares[0]
-    with GpuMemory().watch(device) as memory:
-        rate = simulation_rate(f"{config} trainer=cohort", workdir, share, link)
-    rows.append(Row(f"Flower simulation, trainer=cohort, num-gpus {share:g}", rate, memory.peak))
-    return rows
 
+    def watched(work: Callable[[], float]) -> Callable[[], tuple[float, float | None]]:
+        def measure() -> tuple[float, float | None]:
+            with GpuMemory().watch(device) as memory:
+                rate = work()
+            return rate, memory.peak
 
-def table(title: str, rows: list[Row]) -> str:
-    reference = rows[0].rate
-    lines = [
-        f"| {title} | updates/s | x bare loop | peak GPU MiB |",
-        "| --- | --- | --- | --- |",
+        return measure
+
+    def local(extra: str, workers: int) -> Callable[[], float]:
+        return lambda: local_summary(f"{config} {extra}", workdir / model, workers)[
+            "updates_per_second"
+        ]
+
+    measures: list[Measure] = [
+        (
+            "bare loop",
+            lambda: allocator_peak(device, lambda: bare_rate(pairs, plan.tasks, device)),
+            False,
+        ),
+        (
+            f"cohort of {COHORT}",
+            lambda: allocator_peak(device, lambda: cohort_rate(pairs, plan.tasks, device)),
+            False,
+        ),
     ]
-    for row in rows:
-        ratio = f"{row.rate / reference:.2f}" if row.ratio else "-"
-        peak = f"{row.peak_mib:,.0f}" if row.peak_mib is not None else "-"
-        lines.append(f"| {row.label} | {row.rate:.2f} | {ratio} | {peak} |")
-    return "\n".join(lines)
+    for workers in plan.workers:
+        measures.append((f"--local, {workers} worker(s)", watched(local("", workers)), False))
+    measures.append(("--local, trainer=cohort", watched(local("trainer=cohort", 1)), False))
+    if model == plan.models[0]:
+        fedpsa = "strategy=fedpsa buffer-size=5"
+        measures.append(
+            ("--local FedPSA, per task", watched(local(f"{fedpsa} trainer=autograd", 1)), False)
+        )
+        measures.append(
+            ("--local FedPSA, trainer=cohort", watched(local(f"{fedpsa} trainer=cohort", 1)), False)
+        )
+        measures += grid_measures(plan, config, workdir / f"{model}-grid")
+    for share in plan.gpu_shares:
+        work = partial(simulation_rate, config, workdir, share, link)
+        measures.append((f"Flower simulation, num-gpus {share:g}", watched(work), True))
+    share = plan.gpu_shares[0]
+    work = partial(simulation_rate, f"{config} trainer=cohort", workdir, share, link)
+    measures.append((f"Flower simulation, trainer=cohort, num-gpus {share:g}", watched(work), True))
+    return measures
+
+
+def grid_measures(plan: Plan, config: str, workdir: Path) -> list[Measure]:
+    """The grid rows: 3 seeds x FedBuff, FedAsync, FedAvg and FedPSA (12 runs) together in
+    one process (`fedstale run --local --grid`), and the same runs one after another; the
+    label carries the mean cohort."""
+    configs = grid_configs(f"{config} max-virtual-time={plan.grid_budget}", plan.grid_seeds)
+    measures: list[Measure] = []
+    for together, how in ((False, "one after another"), (True, "together")):
+
+        def measure(together: bool = together, how: str = how) -> tuple[float, float | None]:
+            with GpuMemory().watch(plan.device) as memory:
+                found = grid_measure(configs, workdir / how, together)
+            labels[how] = (
+                f" (mean cohort {found['cohort_mean']:.1f}, largest {found['cohort_largest']})"
+            )
+            return found["updates_per_second"], memory.peak
+
+        measures.append((f"grid of {len(configs)} runs, {how}", measure, False))
+    return measures
+
+
+labels: dict[str, str] = {}  # what a grid row learns while it runs, added to its label
+
+
+def missing_modules() -> list[str]:
+    """What the Flower rows need beside flwr and this machine lacks."""
+    return [name for name in ("ray",) if importlib.util.find_spec(name) is None]
+
+
+def print_rows(title: str, measures: list[Measure], lacking: list[str]) -> None:
+    """The table's rows, each printed as soon as it is measured; a row that fails (or needs
+    what is missing) says so in its own line and the others go on."""
+    print(
+        f"| {title} | updates/s | x bare loop | peak GPU MiB |\n| --- | --- | --- | --- |",
+        flush=True,
+    )
+    reference = None
+    for label, measure, flower in measures:
+        if flower and lacking:
+            print(f"| {label} | skipped: no {', '.join(lacking)} | - | - |", flush=True)
+            continue
+        try:
+            rate, peak = measure()
+        except Exception as err:  # one row's failure costs only that row
+            print(
+                f"| {label} | failed: {type(err).__name__}: {str(err)[:200]} | - | - |", flush=True
+            )
+            continue
+        reference = reference or rate
+        label += next((extra for how, extra in labels.items() if label.endswith(how)), "")
+        shown = f"{peak:,.0f}" if peak is not None else "-"
+        print(f"| {label} | {rate:.2f} | {rate / reference:.2f} | {shown} |", flush=True)
 
 
 def device_line(device: str) -> str:
@@ -280,19 +375,27 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(2)
     started = time.monotonic()
     print(device_line(plan.device), flush=True)
+    lacking = missing_modules()
+    if lacking:
+        print(f"bench.gpu: no {', '.join(lacking)} here: the Flower rows are skipped", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        link = SimulationSuperLink(workdir / "flwr-home").start()  # every simulation row's
+        link = None if lacking else SimulationSuperLink(workdir / "flwr-home").start()
         try:
             for model in plan.models:
-                print(table(model, model_rows(plan, model, workdir, link)), flush=True)
+                print_rows(model, model_measures(plan, model, workdir, link), lacking)
         finally:
-            link.stop()
+            if link is not None:
+                link.stop()
         share = plan.gpu_shares[0]
-        with GpuMemory().watch(plan.device) as memory:
-            rate = quickstart_rate(workdir, plan.quickstart_rounds, share)
-        library = [Row("library FedBuff, quickstart", rate, memory.peak, ratio=False)]
-        print(table("quickstart (MLP, digits)", [*library]), flush=True)
+
+        def quickstart() -> tuple[float, float | None]:
+            with GpuMemory().watch(plan.device) as memory:
+                rate = quickstart_rate(workdir, plan.quickstart_rounds, share)
+            return rate, memory.peak
+
+        library = [("library FedBuff, quickstart", quickstart, True)]
+        print_rows("quickstart (MLP, digits)", library, lacking)
     print(f"bench.gpu: done in {time.monotonic() - started:.0f} s", flush=True)
 
 

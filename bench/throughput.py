@@ -109,6 +109,49 @@ def local_summary(config: str, workdir: Path, workers: int) -> dict[str, Any]:
         return run_experiment(run, params, transport)
 
 
+GRID_STRATEGIES = ("fedbuff", "fedasync", "fedavg", "fedpsa")
+
+
+def grid_configs(
+    config: str, seeds: int, strategies: tuple[str, ...] = GRID_STRATEGIES
+) -> list[str]:
+    """A grid's run configs: `seeds` seeds x `strategies` over `config`, trainer=cohort."""
+    return [
+        f"{config} strategy={strategy} seed={seed} trainer=cohort run-name={strategy}-s{seed}"
+        for strategy in strategies
+        for seed in range(seeds)
+    ]
+
+
+def grid_measure(configs: list[str], workdir: Path, together: bool) -> dict[str, Any]:
+    """The runs of `configs`, all together in one CohortPool (`fedstale run --local --grid`)
+    or one after another (each its own trainer=cohort run): their updates per second over
+    the whole wall time, the mean and largest cohort, and every run's summary."""
+    from fedstale.launcher.grid import run_together
+    from fedstale.launcher.launch import parse_pairs
+    from fedstale.launcher.local import cohort_pool
+    from fedstale.strategies.registry import load_config
+
+    out = workdir / ("together" if together else "one-by-one")
+    runs = [load_config({**parse_pairs(c), "runs-dir": str(out)}) for c in configs]
+    started, sizes = time.monotonic(), []
+    for batch in [runs] if together else [[run] for run in runs]:
+        pool = cohort_pool()
+        failed = run_together(batch, pool)
+        assert not failed, failed
+        sizes += pool.sizes
+    seconds = time.monotonic() - started
+    summaries = [json.loads((out / run.run_name / "summary.json").read_text()) for run, _ in runs]
+    updates = sum(summary["updates_accepted"] for summary in summaries)
+    return {
+        "updates_per_second": updates / seconds,
+        "seconds": seconds,
+        "cohort_mean": sum(sizes) / max(len(sizes), 1),
+        "cohort_largest": max(sizes, default=0),
+        "summaries": summaries,
+    }
+
+
 def measure(model: str, extra: str, tasks: int, workers: int) -> dict[str, float]:
     from fedstale.launcher.launch import parse_pairs
 

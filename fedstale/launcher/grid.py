@@ -115,9 +115,8 @@ def plan(app: Path, runs: list[dict[str, Any]]) -> tuple[list[tuple[RunConfig, A
 
 def run_grid(app: Path, pairs: dict[str, Any], axes: dict[str, list[Any]]) -> int:
     """The grid's runs in this process, in threads taking turns (see the module's doc)."""
-    from fedstale.launcher.local import cohort_pool, cohort_transport
+    from fedstale.launcher.local import cohort_pool
     from fedstale.server_app.app import setup_logging
-    from fedstale.server_app.experiment import run_experiment
 
     todo, done = plan(app, grid_runs(pairs, axes))
     setup_logging()
@@ -129,8 +128,19 @@ def run_grid(app: Path, pairs: dict[str, Any], axes: dict[str, list[Any]]) -> in
         file=sys.stderr,
     )
     pool = cohort_pool()
-    failures: dict[str, str] = {}
     started = time.time()
+    failures = run_together(todo, pool)
+    return grid_report([run for run, _ in todo], done, failures, started, pool.sizes)
+
+
+def run_together(runs: list[tuple[RunConfig, Any]], pool: Any) -> dict[str, str]:
+    """Each run (its config and rule keys) in a thread of its own, taking turns on `pool`
+    (inprocess.py CohortPool); returns what failed, by run name. Ctrl-C or SIGTERM stops
+    every run at its next wait, each with its folder and checkpoint."""
+    from fedstale.launcher.local import cohort_transport
+    from fedstale.server_app.experiment import run_experiment
+
+    failures: dict[str, str] = {}
 
     def one(run: RunConfig, params: Any, transport: Any) -> None:
         try:
@@ -138,14 +148,15 @@ def run_grid(app: Path, pairs: dict[str, Any], axes: dict[str, list[Any]]) -> in
                 run_experiment(run, params, transport, label=run.run_name)
         except KeyboardInterrupt:
             failures[run.run_name] = "interrupted"
-        except Exception as err:  # one run's failure ends that run, not the grid
+        except Exception as err:  # one run's failure ends that run, not the others
             failures[run.run_name] = f"{type(err).__name__}: {err}"
 
     threads = []
-    for run, params in todo:
+    for run, params in runs:
         transport = cohort_transport(run, pool)
-        thread = threading.Thread(target=one, args=(run, params, transport), name=run.run_name)
-        threads.append(thread)
+        threads.append(
+            threading.Thread(target=one, args=(run, params, transport), name=run.run_name)
+        )
     for thread in threads:
         thread.start()
     try:
@@ -157,7 +168,7 @@ def run_grid(app: Path, pairs: dict[str, Any], axes: dict[str, list[Any]]) -> in
         pool.cancel()
         for thread in threads:
             thread.join()
-    return grid_report([run for run, _ in todo], done, failures, started, pool.sizes)
+    return failures
 
 
 def grid_report(
