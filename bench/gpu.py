@@ -121,7 +121,7 @@ class Plan:
             gpu_shares=(0.0,),
             quickstart_rounds=2,
             grid_seeds=1,
-            grid_budget=200.0,
+            grid_budget=400.0,
         )
 
 
@@ -268,9 +268,8 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
         return measure
 
     def local(extra: str, workers: int) -> Callable[[], float]:
-        return lambda: local_summary(f"{config} {extra}", workdir / model, workers)[
-            "updates_per_second"
-        ]
+        folder = workdir / model / f"{workers}-{extra.replace(' ', '-') or 'plain'}"
+        return lambda: local_summary(f"{config} {extra}", folder, workers)["updates_per_second"]
 
     measures: list[Measure] = [
         (
@@ -295,7 +294,7 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
         measures.append(
             ("--local FedPSA, trainer=cohort", watched(local(f"{fedpsa} trainer=cohort", 1)), False)
         )
-        measures += grid_measures(plan, config, workdir / f"{model}-grid")
+        measures += grid_measures(plan, model, workdir / f"{model}-grid")
     for share in plan.gpu_shares:
         work = partial(simulation_rate, config, workdir, share, link)
         measures.append((f"Flower simulation, num-gpus {share:g}", watched(work), True))
@@ -305,11 +304,16 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
     return measures
 
 
-def grid_measures(plan: Plan, config: str, workdir: Path) -> list[Measure]:
+def grid_measures(plan: Plan, model: str, workdir: Path) -> list[Measure]:
     """The grid rows: 3 seeds x FedBuff, FedAsync, FedAvg and FedPSA (12 runs) together in
     one process (`fedstale run --local --grid`), and the same runs one after another; the
     label carries the mean cohort."""
-    configs = grid_configs(f"{config} max-virtual-time={plan.grid_budget}", plan.grid_seeds)
+    budget = plan.grid_budget
+    config = (
+        f"{plan.base} model={model} max-virtual-time={budget} eval-interval={budget / 2} "
+        "progress-interval=600"
+    )
+    configs = grid_configs(config, plan.grid_seeds)
     measures: list[Measure] = []
     for together, how in ((False, "one after another"), (True, "together")):
 
