@@ -8,6 +8,7 @@ import itertools
 import json
 import multiprocessing
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -62,9 +63,50 @@ def one_core() -> None:
     threadpool_limits(1)
 
 
-def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[dict[str, Any]]:
+_shared = threading.local()  # the CohortPool of `run_all(together=True)`'s threads
+
+
+class Together:
+    """`run_all(together=True)`'s stand-in for a process pool: each job in a thread of this
+    process, every run on one CohortPool (fedstale/launcher/inprocess.py), so the waiting
+    tasks of all of them train as one cohort (`fedstale run --local --grid`)."""
+
+    def __init__(self) -> None:
+        from fedstale.launcher.local import cohort_pool
+
+        self.pool = cohort_pool()
+
+    def __enter__(self) -> Together:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if exc[0] is not None:
+            self.pool.cancel()
+
+    def apply_async(self, runner: Runner, args: tuple[Job, str]) -> Any:
+        from concurrent.futures import Future
+
+        future: Future = Future()
+
+        def work() -> None:
+            _shared.pool = self.pool
+            try:
+                future.set_result(runner(*args))
+            except BaseException as err:
+                future.set_exception(err)
+
+        threading.Thread(target=work, name=args[0].name, daemon=True).start()
+        future.get = future.result  # type: ignore[attr-defined]  # as AsyncResult.get
+        return future
+
+
+def run_all(
+    jobs: list[Job], runner: Runner, out: Path, workers: int, together: bool = False
+) -> list[dict[str, Any]]:
     """Run the jobs results.jsonl lacks with `runner` (a picklable top-level function or a
-    functools.partial of one), print progress with an ETA; every job's result, in order."""
+    functools.partial of one) on `workers` processes, or all in this process with their
+    tasks trained together (`together`: every run with trainer=cohort); print progress with
+    an ETA; every job's result, in order."""
     from fedstale.launcher.cli import stop_on_sigterm
 
     stop_on_sigterm()  # a `kill` unwinds through the pool's exit, which stops its workers
@@ -74,7 +116,8 @@ def run_all(jobs: list[Job], runner: Runner, out: Path, workers: int) -> list[di
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
     failed: list[str] = []
-    with context.Pool(workers, initializer=one_core) as pool, done_path.open("a") as sink:
+    runners = Together() if together else context.Pool(workers, initializer=one_core)
+    with runners as pool, done_path.open("a") as sink:
         pending = [pool.apply_async(runner, (job, str(out / "runs"))) for job in todo]
         for index, (job, handle) in enumerate(zip(todo, pending, strict=True), 1):
             try:
@@ -107,15 +150,23 @@ def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dic
     """Run `values` under the job's name with the real engine, strategies and client code in
     this (worker) process; the result's shared fields (name, labels, summary, seconds) and
     the run's folder, from which each reproduction reads its curves."""
-    from fedstale.launcher.local import local_transport
+    from fedstale.launcher.local import cohort_transport, local_transport
     from fedstale.server_app.experiment import run_experiment
     from fedstale.strategies.registry import load_config
 
     # A job not in results.jsonl never finished: an earlier attempt's folder is moved aside.
     named = {**values, "run-name": job.name, "runs-dir": runs_dir, "overwrite": True}
+    pool = getattr(_shared, "pool", None)  # run_all(together=True): this thread's grid
+    if pool is not None:
+        named["trainer"] = "cohort"
     run, params = load_config(named)
     started = time.monotonic()
-    summary = run_experiment(run, params, local_transport(run))
+    if pool is None:
+        summary = run_experiment(run, params, local_transport(run))
+    else:
+        transport = cohort_transport(run, pool)
+        with pool.turn(transport):
+            summary = run_experiment(run, params, transport, label=job.name)
     seconds = time.monotonic() - started
     result = {"name": job.name, **job.labels, "summary": summary, "seconds": seconds}
     return result, Path(runs_dir) / job.name

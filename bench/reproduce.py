@@ -81,6 +81,12 @@ def parser_for(paper: Paper) -> argparse.ArgumentParser:
         parser.add_argument("--suite", choices=choices, default=paper.default_suite)
     paper.options(parser)
     parser.add_argument("--workers", type=int, default=2, help="runs at once (one core each)")
+    parser.add_argument(
+        "--together",
+        action="store_true",
+        help="every run in this process, their waiting tasks trained as one cohort "
+        "(trainer=cohort; docs/running.md, a paper's grid on one GPU)",
+    )
     parser.add_argument("--out", type=Path, default=paper.default_out)
     parser.add_argument("--report", action="store_true", help="tables of the runs already done")
     return parser
@@ -107,7 +113,7 @@ def run_suite(paper: Paper, suite: Suite, name: str, options: Options, out: Path
     if options.report:
         results = finished(jobs, out)
     else:
-        results = run_all(jobs, paper.runner(options), out, options.workers)
+        results = run_all(jobs, paper.runner(options), out, options.workers, options.together)
     table = suite.table(results, options)
     (out / suite.file).write_text(table + "\n")
     if suite.plot is not None and (results or suite.plot_empty):

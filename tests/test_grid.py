@@ -140,3 +140,44 @@ def test_a_grid_stopped_by_sigterm_resumes_from_its_checkpoints(tmp_path: Path) 
         )
         assert summary["updates_accepted"] == 1500
         assert summary["stop_reason"] == "update budget 1500"
+
+
+def tiny_job_runner(job: object, runs_dir: str) -> dict:
+    from bench.grid import run_in_process
+
+    result, _ = run_in_process(job, runs_dir, {**job.config})  # type: ignore[attr-defined]
+    return result
+
+
+def test_a_reproduction_grid_runs_together_and_resumes(tmp_path: Path) -> None:
+    """`python -m bench.reproduce_* --together`: the jobs in threads of one process, on one
+    CohortPool, every run trainer=cohort; results.jsonl keeps them, so a rerun runs none."""
+    from bench.grid import grid, run_all
+
+    def config(strategy: str, seed: int) -> dict:
+        return {
+            "strategy": strategy,
+            "dataset": "digits",
+            "max-updates": 30,
+            "max-virtual-time": 0.0,
+            "eval-interval": 1e9,
+            "progress-interval": 600.0,
+        }
+
+    jobs = grid(
+        "tiny",
+        lambda strategy, seed: f"{strategy}-s{seed}",
+        {"strategy": ["fedbuff", "fedasync"]},
+        config,
+        2,
+    )
+    results = run_all(jobs, tiny_job_runner, tmp_path, workers=1, together=True)
+    assert [r["name"] for r in results] == [job.name for job in jobs]
+    for result in results:
+        assert result["summary"]["updates_accepted"] == 30
+        folder = tmp_path / "runs" / result["name"]
+        assert json.loads((folder / "config.json").read_text())["trainer"] == "cohort"
+    largest = max(r["summary"]["cohorts"]["largest"] for r in results)
+    assert largest > 10  # more than one run's tasks (concurrency 10) in a cohort
+    again = run_all(jobs, tiny_job_runner, tmp_path, workers=1, together=True)
+    assert again == results

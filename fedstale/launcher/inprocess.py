@@ -154,7 +154,10 @@ class CohortPool:
 
     def __init__(self, cohorts: CohortsFn) -> None:
         self.cohorts = cohorts
-        self.changed = threading.Condition()
+        self.changed = threading.Condition()  # its lock is the turn
+        # Joining needs no turn (a run made while another works must be counted at once,
+        # or a run alone in the pool would keep the turn to its end): a lock of its own.
+        self.joining = threading.Lock()
         self.expected: list[CohortTransport] = []  # the runs still going, in the order made
         self.waiting: list[CohortTransport] = []  # of those, the ones waiting for a cohort
         self.trained = 0  # cohorts trained so far: a waiting run goes on when it moves
@@ -162,7 +165,7 @@ class CohortPool:
         self.cancelled = False
 
     def expect(self, transport: CohortTransport) -> None:
-        with self.changed:
+        with self.joining:
             self.expected.append(transport)
 
     @contextmanager
@@ -174,7 +177,8 @@ class CohortPool:
                 self.check_cancelled()
                 yield
             finally:
-                self.expected.remove(transport)
+                with self.joining:
+                    self.expected.remove(transport)
                 self.train_if_all_wait()
                 self.changed.notify_all()
 
@@ -210,7 +214,9 @@ class CohortPool:
             raise KeyboardInterrupt
 
     def train_if_all_wait(self) -> None:
-        if not self.waiting or len(self.waiting) < len(self.expected):
+        with self.joining:
+            everyone = len(self.expected)
+        if not self.waiting or len(self.waiting) < everyone:
             return
         runs, self.waiting = self.waiting, []
         cohorts = [run.next_cohort() for run in runs]
