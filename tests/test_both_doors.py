@@ -122,7 +122,7 @@ class Display:
 
     opened: ClassVar[list[Display]] = []
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, label: str = "") -> None:
         self.closed = False
         Display.opened.append(self)
 

@@ -7,7 +7,7 @@ import logging
 import math
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fedstale.common.config import metric_name
 
@@ -136,10 +136,24 @@ def progress_for(interval: float, label: str = "") -> Progress | ProgressBar:
     return ProgressBar() if sys.stderr.isatty() and not label else Progress(interval, label)
 
 
+class StderrHandler(logging.StreamHandler):
+    """Log lines to whatever `sys.stderr` is when a line is written, not the stream it was
+    at set-up: a caller that swaps stderr (pytest's capture, rich's live display, a
+    notebook) gets the lines, and one that closed its stream leaves no broken handler."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass  # always the current sys.stderr
+
+
 def setup_logging() -> None:
     """fedstale's log lines on stderr, once per process."""
     if not log.handlers:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = StderrHandler()
         handler.setFormatter(logging.Formatter("fedstale %(levelname)s: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
