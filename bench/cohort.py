@@ -2,7 +2,7 @@
 
     python -m bench.cohort [--models lenet,linear] [--workers N] [--run-config "k=v"]
     python -m bench.cohort --profile    # where a LeNet step's time goes, per task and cohort
-    python -m bench.cohort --grid [--seeds 3] [--models lenet]   # a grid's runs together
+    python -m bench.cohort --grid [--seeds 3] [--models lenet] [--budget T]   # a grid together
 
 For each model, one run config (the default experiment: FedBuff, Fashion-MNIST, 50 clients,
 10 in flight, on a virtual-time budget of a few hundred updates), run five ways one after
@@ -82,10 +82,10 @@ def table(model: str, rows: list[tuple[str, dict[str, Any]]], workers: int) -> s
     return "\n".join(lines)
 
 
-def grid_table(model: str, extra: str, seeds: int) -> str:
+def grid_table(model: str, extra: str, seeds: int, budget: float | None = None) -> str:
     from bench.throughput import GRID_STRATEGIES, grid_configs, grid_measure
 
-    budget = BUDGETS.get(model, 4_000.0)
+    budget = budget or BUDGETS.get(model, 4_000.0)
     config = (
         f"model={model} max-virtual-time={budget} eval-interval={budget / 2} "
         f"progress-interval=600 {extra}"
@@ -156,13 +156,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", action="store_true", help="profile LeNet's steps only")
     parser.add_argument("--grid", action="store_true", help="a grid's runs together (see above)")
     parser.add_argument("--seeds", type=int, default=3, help="with --grid: seeds per rule")
+    parser.add_argument("--budget", type=float, default=None, help="with --grid: virtual time")
     options = parser.parse_args(argv)
     if options.profile:
         profile_lenet()
         return
     if options.grid:
         for model in options.models.split(","):
-            print(grid_table(model, options.run_config, options.seeds), flush=True)
+            table = grid_table(model, options.run_config, options.seeds, options.budget)
+            print(table, flush=True)
         return
     for model in options.models.split(","):
         rows = rows_for(model, options.run_config, options.workers)
