@@ -29,7 +29,6 @@ values need no quotes here (`strategy=fedasync` works; Flower itself wants
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import signal
@@ -40,17 +39,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, RunConfig, score_words
+from fedstale.common.config import ConfigError, RunConfig
 from fedstale.launcher import compare, deploy
 from fedstale.launcher.grid import parse_axes, run_grid
 from fedstale.launcher.launch import (
     federation_options,
     find_app,
+    finished,
     flower_app,
     flower_env,
     hint_for,
     merged_pairs,
     preflight,
+    report,
     to_flower,
     tool,
 )
@@ -167,26 +168,6 @@ def run_local(app: Path, pairs: dict[str, Any], asked: int | None) -> int:
         print("fedstale: interrupted", file=sys.stderr)
     failure = failure_message(run_dir, False, pairs, "", local=True)
     return report(run, run_dir, started, failure)
-
-
-def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
-    """The closing line (the result, or `failure`: what failed and how to resume) and the
-    exit code."""
-    if not finished(run_dir, started):
-        print(failure, file=sys.stderr)
-        return 1
-    result = json.loads((run_dir / "summary.json").read_text())
-    print(
-        f"fedstale: {run.run_name}: {score_words(result, run.metric)}, results in {run_dir}",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def finished(run_dir: Path, started: float) -> bool:
-    """This run wrote its summary (a resumed run's folder may hold an older one)."""
-    summary = run_dir / "summary.json"
-    return summary.is_file() and summary.stat().st_mtime >= started
 
 
 def follow(flower: subprocess.Popen, run_dir: Path, started: float) -> bool:

@@ -25,9 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError, RunConfig, score_words
-from fedstale.launcher.launch import PAIR, app_defaults, parse_pairs, preflight, resolve
-from fedstale.server_app.checkpoint import CHECKPOINT_FILE, MAY_CHANGE_ON_RESUME
+from fedstale.common.config import ConfigError, RunConfig
+from fedstale.launcher.launch import (
+    PAIR,
+    app_defaults,
+    parse_pairs,
+    preflight,
+    report,
+    resolve,
+)
+from fedstale.server_app.checkpoint import CHECKPOINT_FILE, first_difference
 from fedstale.server_app.results import runs_root
 
 GRID_BASE = "grid"  # the runs' name prefix when the config names no run
@@ -78,13 +85,13 @@ def finished_alike(folder: Path, settings: dict[str, Any]) -> bool:
     if not (folder / "summary.json").is_file() or not (folder / "config.json").is_file():
         return False
     saved = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-    for key in sorted(set(settings) - MAY_CHANGE_ON_RESUME - {"resume-from", "overwrite"}):
-        if saved.get(key) != settings[key]:
-            raise ConfigError(
-                f"--grid: {folder} holds a finished run with {key}={saved.get(key)!r}, this "
-                f"grid's has {settings[key]!r}; give the grid another run-name, or pass "
-                "--overwrite to move the earlier runs aside"
-            )
+    key = first_difference(saved, settings)
+    if key is not None:
+        raise ConfigError(
+            f"--grid: {folder} holds a finished run with {key}={saved.get(key)!r}, this "
+            f"grid's has {settings[key]!r}; give the grid another run-name, or pass "
+            "--overwrite to move the earlier runs aside"
+        )
     return True
 
 
@@ -182,16 +189,10 @@ def grid_report(
     failed = 0
     for run in runs:
         folder = runs_root(run.runs_dir) / run.run_name
-        summary = folder / "summary.json"
-        if summary.is_file() and summary.stat().st_mtime >= started:
-            words = score_words(json.loads(summary.read_text()), run.metric)
-            print(f"fedstale: {run.run_name}: {words}, results in {folder}", file=sys.stderr)
-            continue
-        failed += 1
         why = failures.get(run.run_name, "no summary.json")
         saved = (folder / CHECKPOINT_FILE).is_file()
         resume = " (rerun the same command to resume it)" if saved else ""
-        print(f"fedstale: {run.run_name} failed: {why}{resume}", file=sys.stderr)
+        failed += report(run, folder, started, f"fedstale: {run.run_name} failed: {why}{resume}")
     mean = sum(sizes) / len(sizes) if sizes else 0.0
     print(
         f"fedstale: grid: {len(runs) - failed} of {len(runs)} runs finished here, {len(done)} "

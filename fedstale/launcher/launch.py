@@ -3,6 +3,7 @@ defaults, the validated run config, and the environment Flower's processes need.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -14,7 +15,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import FIX_HINT, KEYS_HINT, ConfigError, KebabModel, RunConfig
+from fedstale.common.config import (
+    FIX_HINT,
+    KEYS_HINT,
+    ConfigError,
+    KebabModel,
+    RunConfig,
+    score_words,
+)
 from fedstale.server_app.results import run_name, runs_root
 from fedstale.strategies.registry import load_config
 
@@ -194,6 +202,26 @@ def preflight(
     _, params = load_config({**app_defaults(app), **overrides})
     prepare(run, params)
     return run, params, overrides
+
+
+def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
+    """The closing line (the result, or `failure`: what failed and how to resume) and the
+    exit code."""
+    if not finished(run_dir, started):
+        print(failure, file=sys.stderr)
+        return 1
+    result = json.loads((run_dir / "summary.json").read_text())
+    print(
+        f"fedstale: {run.run_name}: {score_words(result, run.metric)}, results in {run_dir}",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def finished(run_dir: Path, started: float) -> bool:
+    """This run wrote its summary (a resumed run's folder may hold an older one)."""
+    summary = run_dir / "summary.json"
+    return summary.is_file() and summary.stat().st_mtime >= started
 
 
 def flower_env(**extra: str) -> dict[str, str]:

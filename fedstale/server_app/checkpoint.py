@@ -126,15 +126,24 @@ def check_resumable(checkpoint: Checkpoint, folder: Path, settings: dict[str, An
     if not config.is_file():
         raise ConfigError(f"resume-from: {folder} has no config.json; name the run's own folder")
     saved = json.loads(config.read_text(encoding="utf-8"))
+    key = first_difference(saved, settings)
+    if key is not None:
+        raise ConfigError(
+            f"resume-from: the checkpoint's run had {key}={saved.get(key)!r}, this one "
+            f"{settings.get(key)!r}; resume with the same settings (only budgets, pacing, "
+            "devices and where results go may change)"
+        )
+
+
+def first_difference(saved: dict[str, Any], settings: dict[str, Any]) -> str | None:
+    """The first key (in order) whose value in a run folder's config.json (`saved`) is not
+    these settings', beyond what may change on resume; None when it is the same run."""
     for key in sorted(set(settings) - MAY_CHANGE_ON_RESUME):
         if key not in saved and settings[key] == key_default(key):
-            continue  # a key the checkpoint's run predates, at the behaviour it had then
+            continue  # a key the folder's run predates, at the behaviour it had then
         if saved.get(key) != settings.get(key):
-            raise ConfigError(
-                f"resume-from: the checkpoint's run had {key}={saved.get(key)!r}, this one "
-                f"{settings.get(key)!r}; resume with the same settings (only budgets, pacing, "
-                "devices and where results go may change)"
-            )
+            return key
+    return None
 
 
 def key_default(key: str) -> Any:
