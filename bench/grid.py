@@ -150,6 +150,7 @@ def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dic
     """Run `values` under the job's name with the real engine, strategies and client code in
     this (worker) process; the result's shared fields (name, labels, summary, seconds) and
     the run's folder, from which each reproduction reads its curves."""
+    from fedstale.launcher.grid import on_pool
     from fedstale.launcher.local import cohort_transport, local_transport
     from fedstale.server_app.experiment import run_experiment
     from fedstale.strategies.registry import load_config
@@ -164,9 +165,7 @@ def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dic
     if pool is None:
         summary = run_experiment(run, params, local_transport(run))
     else:
-        transport = cohort_transport(run, pool)
-        with pool.turn(transport):
-            summary = run_experiment(run, params, transport, label=job.name)
+        summary = on_pool(run, params, cohort_transport(run, pool), pool)
     seconds = time.monotonic() - started
     result = {"name": job.name, **job.labels, "summary": summary, "seconds": seconds}
     return result, Path(runs_dir) / job.name

@@ -145,14 +145,12 @@ def run_together(runs: list[tuple[RunConfig, Any]], pool: Any) -> dict[str, str]
     (inprocess.py CohortPool); returns what failed, by run name. Ctrl-C or SIGTERM stops
     every run at its next wait, each with its folder and checkpoint."""
     from fedstale.launcher.local import cohort_transport
-    from fedstale.server_app.experiment import run_experiment
 
     failures: dict[str, str] = {}
 
     def one(run: RunConfig, params: Any, transport: Any) -> None:
         try:
-            with pool.turn(transport):
-                run_experiment(run, params, transport, label=run.run_name)
+            on_pool(run, params, transport, pool)
         except KeyboardInterrupt:
             failures[run.run_name] = "interrupted"
         except Exception as err:  # one run's failure ends that run, not the others
@@ -176,6 +174,14 @@ def run_together(runs: list[tuple[RunConfig, Any]], pool: Any) -> dict[str, str]
         for thread in threads:
             thread.join()
     return failures
+
+
+def on_pool(run: RunConfig, params: Any, transport: Any, pool: Any) -> dict[str, Any]:
+    """One run of a grid, in its thread: its engine while it holds `pool`'s turn; its summary."""
+    from fedstale.server_app.experiment import run_experiment
+
+    with pool.turn(transport):
+        return run_experiment(run, params, transport, label=run.run_name)
 
 
 def grid_report(
