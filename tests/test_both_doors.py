@@ -6,6 +6,7 @@ virtual clock, no folder left by a refused run, and the progress display closed.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -143,6 +144,7 @@ def test_both_doors_close_their_progress_display_and_heartbeat(
     for name in ("app", "lib"):
         assert (tmp_path / name / "summary.json").exists()
         assert not (tmp_path / name / "heartbeat").exists()
+    assert not [thread.name for thread in threading.enumerate() if "beat" in thread.name]
 
 
 def test_a_library_run_records_provenance_and_its_train_config(tmp_path: Path) -> None:

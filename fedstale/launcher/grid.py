@@ -173,7 +173,20 @@ def run_together(runs: list[tuple[RunConfig, Any]], pool: Any) -> dict[str, str]
         pool.cancel()
         for thread in threads:
             thread.join()
+    for thread in threads:
+        wait_until_gone(thread)
     return failures
+
+
+def wait_until_gone(thread: threading.Thread, limit: float = 5.0) -> None:
+    """Wait until a joined thread's OS thread has ended (Linux). `join` returns once its Python
+    code is done, while the thread may still run torch's thread-local destructors; a process
+    that then exited raced them and aborted ("terminate called without an active exception")
+    after a grid stopped by SIGTERM."""
+    task = Path(f"/proc/self/task/{thread.native_id}")
+    deadline = time.monotonic() + limit
+    while thread.native_id is not None and task.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def on_pool(run: RunConfig, params: Any, transport: Any, pool: Any) -> dict[str, Any]:

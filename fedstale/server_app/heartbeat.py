@@ -1,7 +1,9 @@
 """A sign of life of the ServerApp in its run folder, so that `fedstale run` can tell a
 server that died from one that is busy: a daemon thread touches `runs/<name>/heartbeat`
 every HEARTBEAT_SECONDS while the engine runs (it dies with the process), and the file is
-removed when the run ends normally."""
+removed when the run ends normally. The thread is joined when the run ends, however it ends:
+a daemon thread still waking at interpreter exit raced the process's teardown (a grid stopped
+by SIGTERM aborted with "terminate called without an active exception")."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ class Heartbeat:
         self.path = path
         self.interval = interval
         self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._beat, daemon=True, name="heartbeat")
 
     def _beat(self) -> None:
         while not self.stopped.wait(self.interval):
@@ -27,7 +30,7 @@ class Heartbeat:
 
     def __enter__(self) -> Heartbeat:
         self.path.touch()
-        threading.Thread(target=self._beat, daemon=True).start()
+        self.thread.start()
         return self
 
     def __exit__(
@@ -37,6 +40,7 @@ class Heartbeat:
         trace: TracebackType | None,
     ) -> None:
         self.stopped.set()
+        self.thread.join(self.interval + 1.0)  # a touch in progress takes milliseconds
         self.path.unlink(missing_ok=True)
 
 
