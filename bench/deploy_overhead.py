@@ -8,7 +8,11 @@ one run of this benchmark, on one deployment:
   (c) fedstale with `prefetch=true` (a second task queued on the node), with the staleness
       it costs.
 
-    python -m bench.deploy_overhead [--tasks 12] [--poll 0.1]
+    python -m bench.deploy_overhead [--tasks 12] [--poll 0.1] [--execs flower,fork]
+
+Each row set on its own deployment: `flower`, Flower's SuperExec (a fresh `flwr-clientapp`
+per task); `fork`, fedstale's warm SuperExec (fedstale/launcher/warm_exec.py: each task
+forked from a process that imported Flower and torch once).
 
 The SuperNode runs with FLWR_SUPEREXEC_TASK_POLL_INTERVAL=--poll. Cycles skip the first task
 (process caches warming). Prints the medians and fedstale's overhead above the floor.
@@ -60,21 +64,19 @@ def fedstale_cycles(
     return cycles, compute, staleness
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", type=int, default=12)
-    parser.add_argument("--poll", type=float, default=0.1, help="SuperExec task poll, seconds")
-    args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="fedstale-deploy-bench-"))
-    with LocalDeployment(work / "home", 1, task_poll_interval=args.poll) as deployment:
-        floor = statistics.median(floor_cycles(deployment, args.tasks, work))
-        cycles, compute, _ = fedstale_cycles(deployment, args.tasks, work, "plain")
+def measure(work: Path, tasks: int, poll: float, clientapp_exec: str) -> None:
+    """Rows (a)-(c) on one deployment whose SuperNode starts its tasks the given way."""
+    home = work / f"home-{clientapp_exec}"
+    deployment = LocalDeployment(home, 1, task_poll_interval=poll, clientapp_exec=clientapp_exec)
+    with deployment:
+        floor = statistics.median(floor_cycles(deployment, tasks, work))
+        cycles, compute, _ = fedstale_cycles(deployment, tasks, work, f"plain-{clientapp_exec}")
         ahead, ahead_compute, staleness = fedstale_cycles(
-            deployment, args.tasks, work, "prefetch", prefetch=True
+            deployment, tasks, work, f"prefetch-{clientapp_exec}", prefetch=True
         )
     plain = statistics.median(cycles) - compute
     prefetched = statistics.median(ahead) - ahead_compute
-    print(f"SuperExec task poll {args.poll:g} s, {args.tasks} tasks each, 1 SuperNode")
+    print(f"--clientapp-exec {clientapp_exec}:")
     print(f"(a) Flower floor (import torch, reply):   {floor:.2f} s per task")
     print(
         f"(b) fedstale overhead (cycle - compute):  {plain:.2f} s per task "
@@ -87,8 +89,23 @@ def main() -> None:
     print(
         f"(c) with prefetch:                        {prefetched:.2f} s per task "
         f"(cycle {statistics.median(ahead):.2f} s), mean staleness {staleness:.2f} "
-        f"versions (0 without)"
+        f"versions (0 without)",
+        flush=True,
     )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tasks", type=int, default=12)
+    parser.add_argument("--poll", type=float, default=0.1, help="SuperExec task poll, seconds")
+    parser.add_argument(
+        "--execs", default="flower,fork", help="how the SuperNode starts tasks, one row set each"
+    )
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fedstale-deploy-bench-"))
+    print(f"SuperExec task poll {args.poll:g} s, {args.tasks} tasks each, 1 SuperNode")
+    for clientapp_exec in args.execs.split(","):
+        measure(work, args.tasks, args.poll, clientapp_exec)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,10 @@ from typing import Any
 
 LIBRARY = "fedstale.server_app.flower_strategy"
 PRIVACY = "fedstale.server_app.flower_privacy"
+ERRORS = {
+    "ConfigError": "fedstale.common.config",  # a ValueError: a setting or key is wrong
+    "EngineError": "fedstale.server_app.engine",  # a RuntimeError: the run cannot go on
+}
 DP_WRAPPERS = (
     "DifferentialPrivacyServerSideFixedClipping",
     "DifferentialPrivacyClientSideFixedClipping",
@@ -32,7 +36,7 @@ def exports() -> dict[str, str]:
     central-DP wrappers with Flower's names."""
     from fedstale.strategies.registry import declarations
 
-    found = {"AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY)}
+    found = {"AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
     for rule in declarations().values():
         if rule.library:
             found[rule.library] = LIBRARY

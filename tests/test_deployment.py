@@ -229,9 +229,13 @@ def intruder(deployment: LocalDeployment, partition: int, insecure: bool) -> sub
 
 
 def test_tls_and_node_auth_run_completes_and_intruders_are_refused(tmp_path: Path) -> None:
+    """Also the one host deployment on Flower's own SuperExec (a fresh flwr-clientapp per
+    message, `--clientapp-exec flower`); every other test here forks its tasks warm."""
     tls = TlsFiles.make(tmp_path / "certs")
     keys = tmp_path / "keys"
-    deployment = LocalDeployment(tmp_path / "home", 2, tls=tls, auth_keys=keys)
+    deployment = LocalDeployment(
+        tmp_path / "home", 2, tls=tls, auth_keys=keys, clientapp_exec="flower"
+    )
     intruders: list[subprocess.Popen] = []
     try:
         deployment.start()

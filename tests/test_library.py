@@ -215,6 +215,26 @@ def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
         fedstale.FedBuff().configure_train(1, ArrayRecord(), ConfigRecord(), None)  # type: ignore[arg-type]
 
 
+class NoNodes:
+    """A Grid on which no SuperNode ever connects."""
+
+    def get_node_ids(self) -> list[int]:
+        return []
+
+
+def test_a_failed_start_raises_in_the_users_serverapp_and_never_exits_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Flower's strategies raise what a ServerApp can catch; so does the library (fedstale's
+    own ServerApp and CLI keep exit code 2)."""
+    strategy = fedstale.FedBuff(num_clients=3, node_wait_seconds=0.2)
+    with pytest.raises(fedstale.EngineError, match="only 0 of 3 nodes connected") as raised:
+        strategy.start(grid=NoNodes(), initial_arrays=ArrayRecord([np.zeros(2)]))  # type: ignore[arg-type]
+    assert isinstance(raised.value, RuntimeError) and not isinstance(raised.value, SystemExit)
+    assert issubclass(fedstale.ConfigError, ValueError)
+    assert capsys.readouterr().err.count(f"ERROR: {raised.value}") == 1  # said once, in the log
+
+
 @pytest.mark.usefixtures("in_a_clientapp")
 def test_the_fedpsa_mod_adds_what_the_server_checks() -> None:
     """The mod's sketch and ||delta||^2 pass FedPSA's own reply checks."""

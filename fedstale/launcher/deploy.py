@@ -154,9 +154,13 @@ class LocalDeployment:
     # runtime API; None: the SuperLink starts its SuperExec itself.
     superexec_runtime: str | None = None
     port: int = 0  # 0: a reserved one, chosen at start (fedstale/launcher/ports.py)
+    # How a SuperNode starts its ClientApp tasks: "fork", from a warm process beside it
+    # (fedstale/launcher/warm_exec.py), or "flower", a fresh flwr-clientapp per message.
+    clientapp_exec: str = "fork"
     superlink: subprocess.Popen | None = None
     superexec: subprocess.Popen | None = None
     nodes: dict[int, subprocess.Popen] = field(default_factory=dict)
+    execs: dict[int, subprocess.Popen] = field(default_factory=dict)  # "fork": each node's
     node_ports: dict[int, int] = field(default_factory=dict)
     # where each SuperNode's last start begins in its log (a log holds every restart)
     node_log_starts: dict[int, int] = field(default_factory=dict)
@@ -206,6 +210,8 @@ class LocalDeployment:
         node_config += f" delay-seconds={delay:g}"
         if self.edges:
             node_config += f" edge-id={self.edge_of(partition)}"
+        if self.clientapp_exec == "fork":
+            security += ["--isolation", "process"]
         return [
             self.tool("flower-supernode"),
             *security,
@@ -309,12 +315,14 @@ class LocalDeployment:
 
     def check_nodes_alive(self) -> None:
         for partition, process in sorted(self.nodes.items()):
-            if process.poll() is not None:
+            for what, started in (("", process), (" its SuperExec", self.execs.get(partition))):
+                if started is None or started.poll() is None:
+                    continue
                 log = self.home / f"supernode-{partition}.log"
                 why = cause(log_tail(log, self.node_log_starts.get(partition, 0)))
                 raise LaunchError(
-                    f"SuperNode {partition} (partition-id={partition}) exited with code "
-                    f"{process.returncode} after it started: {why}; its log: {log}"
+                    f"SuperNode {partition} (partition-id={partition}){what} exited with code "
+                    f"{started.returncode} after it started: {why}; its log: {log}"
                 )
 
     def launch_superlink(self, port: int) -> subprocess.Popen:
@@ -339,13 +347,27 @@ class LocalDeployment:
         name = f"SuperNode {partition} (partition-id={partition})"
         process, port = start_listening(launch, name, log, stop=stop_tree)
         self.nodes[partition], self.node_ports[partition] = process, port
+        if self.clientapp_exec == "fork":
+            self.start_exec(partition, env, log)
         return process
+
+    def start_exec(self, partition: int, env: dict[str, str], log: Path) -> None:
+        """The node's warm SuperExec, in the node's log; it exits when the node is gone."""
+        python = self.tool("python") if self.bin_dir is not None else sys.executable
+        command = [python, "-m", "fedstale.launcher.warm_exec", "--insecure"]
+        command += ["--runtime-api-address", f"127.0.0.1:{self.node_ports[partition]}"]
+        command += ["--parent-pid", str(self.nodes[partition].pid)]
+        self.execs[partition] = spawn(command, env, log)
 
     def kill_node(self, partition: int, sig: int = signal.SIGKILL) -> None:
         """Signal a SuperNode's whole process group (its ClientApps die with it)."""
         process = self.nodes[partition]
         os.killpg(process.pid, sig)
         process.wait(30)
+        if partition in self.execs:  # the node's tasks run below its SuperExec
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.execs[partition].pid, sig)
+            self.execs[partition].wait(30)
 
     def app_command(self, app: Path, overrides: dict[str, Any]) -> list[str]:
         """`fedstale run` against this SuperLink, with the wall-clock defaults."""
@@ -378,6 +400,8 @@ class LocalDeployment:
 
     def stop(self) -> None:
         for process in self.nodes.values():
+            stop(process)
+        for process in self.execs.values():
             stop(process)
         if self.superexec is not None:
             stop_tree(self.superexec)
@@ -446,6 +470,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--edges", type=int, default=0, help="MAFSA / HierFedAvg: nodes form this many edges"
     )
+    parser.add_argument(
+        "--clientapp-exec",
+        choices=("fork", "flower"),
+        default="fork",
+        help="fork: each ClientApp task forked from a warm process beside its node, which "
+        "imported torch once; flower: Flower's own, a fresh flwr-clientapp per message",
+    )
     args = parser.parse_args(argv)
     if args.nodes < 1:
         raise ConfigError("--nodes must be at least 1")
@@ -473,6 +504,7 @@ def main(argv: list[str]) -> int:
         database=args.database,
         auth_keys=home / "keys" if args.auth else None,
         edges=args.edges,
+        clientapp_exec=args.clientapp_exec,
     )
     with deployment:
         print(

@@ -245,8 +245,10 @@ class AsyncStrategy(FlowerStrategy):
         try:
             return self.run(grid, initial_arrays, num_rounds, timeout, configs, evaluate_fn)
         except (ConfigError, EngineError) as err:
+            # One line in the run's log; the exception is the caller's, as with Flower's own
+            # strategies: a library never ends the user's ServerApp process itself.
             log.error("%s", err)
-            raise SystemExit(2) from None
+            raise
 
     def run(
         self,
