@@ -6,7 +6,6 @@ virtual clock, no folder left by a refused run, and the progress display closed.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,6 +20,7 @@ from fedstale.launcher.local import local_transport
 from fedstale.server_app import lifecycle
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.flower_strategy import AsyncStrategy, LibraryDoor
+from fedstale.server_app.heartbeat import Heartbeat
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.registry import load_config
@@ -134,17 +134,31 @@ class Display:
         self.closed = True
 
 
+class Beating(Heartbeat):
+    """The heartbeat, remembering that it beat while its run ran."""
+
+    started: ClassVar[list[Beating]] = []
+
+    def __enter__(self) -> Beating:
+        super().__enter__()
+        self.beat_seen = self.path.exists() and self.thread.is_alive()
+        Beating.started.append(self)
+        return self
+
+
 def test_both_doors_close_their_progress_display_and_heartbeat(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(lifecycle, "progress_for", Display)
+    monkeypatch.setattr(lifecycle, "Heartbeat", Beating)
+    Display.opened.clear()
     app_run("fedbuff", tmp_path, buffer_size=2)
     library_run("FedBuff", tmp_path, buffer_size=2, concurrency=2)
     assert len(Display.opened) == 2 and all(d.closed for d in Display.opened)
-    for name in ("app", "lib"):
-        assert (tmp_path / name / "summary.json").exists()
-        assert not (tmp_path / name / "heartbeat").exists()
-    assert not [thread.name for thread in threading.enumerate() if "beat" in thread.name]
+    assert [beat.path.parent.name for beat in Beating.started] == ["app", "lib"]
+    for beat in Beating.started:  # it beat while the run ran; its thread ended with the run
+        assert beat.beat_seen and not beat.thread.is_alive() and not beat.path.exists()
+        assert (beat.path.parent / "summary.json").exists()
 
 
 def test_a_library_run_records_provenance_and_its_train_config(tmp_path: Path) -> None:
@@ -156,3 +170,34 @@ def test_a_library_run_records_provenance_and_its_train_config(tmp_path: Path) -
     assert "dataset" not in config  # the user's ClientApp decides its data
     rows = read_jsonl(tmp_path / "lib" / "updates.jsonl")
     assert len(rows) >= 4  # two versions of buffer 2
+
+
+def refuse_while_built(*args: Any, **kwargs: Any) -> None:
+    raise ConfigError("dp-max-epsilon 0.5 is below the epsilon of one release")
+
+
+def disk_fails(*args: Any, **kwargs: Any) -> None:
+    raise OSError("no space left on device")
+
+
+def start(door: str, runs_dir: Path) -> dict[str, Any]:
+    return app_run("fedbuff", runs_dir) if door == "app" else library_run("FedBuff", runs_dir)
+
+
+@pytest.mark.parametrize("door", ["app", "lib"])
+def test_a_run_that_fails_before_its_loop_closes_its_display_and_leaves_no_folder(
+    door: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Refused while the engine is built (as the accountant's check refuses), or any other
+    exception before the loop: the progress display opened is closed, the folder removed."""
+    monkeypatch.setattr(lifecycle, "progress_for", Display)
+    Display.opened.clear()
+    monkeypatch.setattr(lifecycle, "Engine", refuse_while_built)
+    with pytest.raises(ConfigError, match="dp-max-epsilon"):
+        start(door, tmp_path)
+    assert len(Display.opened) == 1 and Display.opened[0].closed
+    assert not (tmp_path / door).exists()
+    monkeypatch.setattr(lifecycle, "build_strategy", disk_fails)
+    with pytest.raises(OSError, match="no space"):
+        start(door, tmp_path)
+    assert not (tmp_path / door).exists()

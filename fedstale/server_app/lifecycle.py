@@ -185,8 +185,8 @@ def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any
         progress = None
         door.finished(run, engine, recorder)
         return finish(door, run, engine, recorder, time.monotonic() - started)
-    except ConfigError:
-        if not looped and resumed is None:  # refused before it ran: no half-written folder
+    except BaseException:
+        if not looped and resumed is None:  # failed before it ran: no half-written folder
             recorder.discard()
         raise
     finally:
@@ -204,10 +204,29 @@ def build_engine(
     strategy = build_strategy(run, params, model.initial)
     setup = door.setup(run, model)
     strategy.bind(setup)
-    engine: Engine | None = None
     transport = door.transport(run)
     check_noise_seed(run, transport)
     progress = progress_for(run.progress_interval, door.label)
+    try:
+        engine = make_engine(door, run, strategy, transport, model, setup, recorder, progress)
+    except BaseException:  # refused while built (the library's accountant check): not shown
+        progress.close()
+        raise
+    return engine, progress
+
+
+def make_engine(
+    door: Door,
+    run: RunConfig,
+    strategy: Strategy,
+    transport: Transport,
+    model: Model,
+    setup: Setup,
+    recorder: RunRecorder,
+    progress: Progress | ProgressBar,
+) -> Engine:
+    """The engine around the bound rule; `version` reads it once it exists."""
+    engine: Engine | None = None
 
     def version() -> int:
         return engine.version if engine is not None else 0
@@ -227,7 +246,7 @@ def build_engine(
         nodes=door.nodes(run),
         privacy=CentralDP.for_run(run, door.accountant(run)),
     )
-    return engine, progress
+    return engine
 
 
 def check_noise_seed(run: RunConfig, transport: Transport) -> None:
