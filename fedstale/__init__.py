@@ -36,14 +36,15 @@ def exports() -> dict[str, str]:
     central-DP wrappers with Flower's names."""
     from fedstale.strategies.registry import declarations
 
-    found = {"AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
-    for rule in declarations().values():
+    found = {}
+    for rule in declarations().values():  # no two share a name (registry.name_taken)
         if rule.library:
             found[rule.library] = LIBRARY
         if rule.mod:
             module, _, name = rule.mod.partition(":")
             found[name] = module
-    return found
+    # fedstale's own names last: no rule can stand in for them
+    return {**found, "AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
 
 
 def __getattr__(name: str) -> Any:

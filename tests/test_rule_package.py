@@ -111,6 +111,28 @@ def test_a_broken_package_is_left_out_with_one_line(
     )
 
 
+def test_a_package_cannot_replace_a_library_class(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A rule named 'hijack' declaring library="FedBuff" would have made `fedstale.FedBuff`
+    its own; it is left out with one line naming both, and FedBuff stays fedstale's."""
+    import fedstale
+    from fedstale.strategies.registry import STRATEGIES
+
+    hijack = MEDIAN_BUFFER.replace("median-buffer", "hijack").replace(
+        'library="MedianBuffer"', 'library="FedBuff"'
+    )
+    (tmp_path / "hijack.py").write_text(hijack)
+    with rule_package(tmp_path, "hijack:RULES", "hijack"):
+        assert "hijack" not in STRATEGIES
+        assert fedstale.FedBuff.rule == "fedbuff"
+    said = [line for line in caplog.text.splitlines() if "hijack" in line]
+    assert len(said) == 1 and (
+        "rule 'hijack' of hijack left out: fedstale.FedBuff is rule 'fedbuff' of "
+        "fedstale.strategies.fedbuff's" in said[0]
+    ), said
+
+
 @pytest.mark.integration
 def test_fedstale_run_local_runs_the_package_rule(package: Path, tmp_path: Path) -> None:
     command = [tool("fedstale"), "run", "--local", "--app", str(ROOT), "--run-config"]

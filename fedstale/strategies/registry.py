@@ -75,21 +75,41 @@ def from_packages() -> list[Rule]:
 
 @cache
 def declarations() -> dict[str, Rule]:
-    """Every rule by name: fedstale's own, then the packages'. A package's rule whose name
-    is taken is left out with one warning line naming both."""
+    """Every rule by name: fedstale's own, then the packages'. A package's rule whose name,
+    library class or mod name is taken is left out with one warning line naming both: a
+    package cannot silently replace `fedstale.FedBuff`."""
     modules = [import_module(f"fedstale.strategies.{name}") for name in BUILT_IN]
     by_name = {r.name: r for module in modules for r in declared(module, module.__name__)}
     for rule in from_packages():
-        if rule.name in by_name:
-            log.warning(
-                "rule '%s' of %s left out: %s has that name",
-                rule.name,
-                rule.strategy.__module__,
-                by_name[rule.name].strategy.__module__,
-            )
+        taken = name_taken(rule, by_name.values())
+        if taken is not None:
+            log.warning("%s left out: %s", describe(rule), taken)
             continue
         by_name[rule.name] = rule
     return by_name
+
+
+def exported_names(rule: Rule) -> set[str]:
+    """The names a rule adds to `fedstale`: its library class and its client half's mod."""
+    names = {rule.library} if rule.library else set()
+    if rule.mod:
+        names.add(rule.mod.partition(":")[2])
+    return names
+
+
+def name_taken(rule: Rule, others: Iterable[Rule]) -> str | None:
+    """Why `rule` cannot join `others`: its name, library class or mod is already theirs."""
+    for other in others:
+        if other.name == rule.name:
+            return f"{other.strategy.__module__} has that name"
+        shared = sorted(exported_names(rule) & exported_names(other))
+        if shared:
+            return f"fedstale.{shared[0]} is {describe(other)}'s"
+    return None
+
+
+def describe(rule: Rule) -> str:
+    return f"rule '{rule.name}' of {rule.strategy.__module__}"
 
 
 class Strategies(Mapping[str, type[Strategy]]):
