@@ -14,7 +14,13 @@ from fedstale.launcher.launch import tool
 
 __all__ = ["CONNECTION", "SimulationSuperLink", "flower_processes_of_this_session"]
 
-FLOWER_COMMANDS = ("flower-superlink", "flower-supernode", "flower-superexec", "flwr-")
+FLOWER_COMMANDS = (
+    "flower-superlink",
+    "flower-supernode",
+    "flower-superexec",
+    "flwr-",
+    "fedstale.launcher.warm_exec",  # the warm SuperExec, its zygote and its forked tasks
+)
 # Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
 # included), so what this process started is found, and a suite running beside it is not.
 SESSION_MARK = f"FEDSTALE_TEST_SESSION={os.getpid()}-{time.time_ns()}"
@@ -22,7 +28,8 @@ os.environ["FEDSTALE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
 
 
 def flower_processes_of_this_session() -> list[tuple[int, str]]:
-    """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*) that carry the mark."""
+    """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*, fedstale's warm
+    SuperExec) that carry the mark."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():

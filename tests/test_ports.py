@@ -124,7 +124,8 @@ def test_a_node_that_cannot_start_fails_the_deployment_in_one_line_naming_it(
     assert last.startswith("fedstale: SuperNode 1 (partition-id=1) did not start on 4 ports")
     assert f"its log: {home / 'supernode-1.log'}" in last and "listens on port" in last
     assert all(process.poll() is not None for process in thief.spawned)  # nothing left
-    assert len(thief.spawned) == 1 + 1 + 4  # the SuperLink, node 0, four tries of node 1
+    # the SuperLink, node 0 and its warm SuperExec, four tries of node 1 (no SuperExec)
+    assert len(thief.spawned) == 1 + 2 + 4
 
 
 @pytest.mark.integration
