@@ -80,11 +80,18 @@ def with_package(folder: Path) -> dict[str, str]:
 
 def test_the_package_rule_is_registered_checked_and_exported(package: Path) -> None:
     import fedstale
-    from fedstale.strategies.registry import STRATEGIES, load_config
+    from fedstale.common.config import ConfigError
+    from fedstale.strategies.registry import STRATEGIES, load_config, package_keys
 
     assert STRATEGIES["median-buffer"].__module__ == "median_buffer"
     _, params = load_config({"strategy": "median-buffer", "median-scale": 0.5})
     assert params.model_dump(by_alias=True) == {"median-scale": 0.5}
+    with pytest.raises(ConfigError) as bad:  # the package's key, fixed where its user can
+        load_config({"strategy": "fedbuff", "median-scale": -1})
+    assert "a key of rule 'median-buffer' (median_buffer): fix it with --run-config" in str(
+        bad.value
+    ) and "tool.flwr" not in str(bad.value)
+    assert package_keys() == {"median-scale": 1.0}
     assert "MedianBuffer" in fedstale.__all__
     assert fedstale.MedianBuffer.rule == "median-buffer"
     rule = STRATEGIES["median-buffer"](run_config(buffer_size=3), params, np.zeros(2))
@@ -171,9 +178,13 @@ def link(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Si
 def test_flower_simulation_with_fedstale_app_runs_the_package_rule(
     link: SimulationSuperLink, tmp_path: Path
 ) -> None:
-    result, folder = link.run_app(ROOT, tmp_path, "sim", f"{RUN} strategy=median-buffer", 420)
+    """With the package's own key: Flower accepts it only when the app names it, so
+    `fedstale run` hands Flower a copy of the app that declares it (launch.flower_app)."""
+    config = f"{RUN} strategy=median-buffer median-scale=0.5"
+    result, folder = link.run_app(ROOT, tmp_path, "sim", config, 420)
     assert result.returncode == 0, result.stderr[-3000:]
     check_run(folder)
+    assert json.loads((folder / "config.json").read_text())["median-scale"] == 0.5
 
 
 @pytest.mark.integration

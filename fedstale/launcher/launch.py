@@ -158,21 +158,48 @@ def runs_home(app: Path) -> Path:
 
 @contextmanager
 def flower_app(app: Path) -> Iterator[Path]:
-    """The directory to hand `flwr run`: `app` itself, or for the shipped app a temporary copy
-    of its pyproject.toml without the fab-include / fab-exclude patterns (they name the
-    checkout's files). Its FAB then holds no code: the SuperLink's ServerApp and the
-    ClientApps import the fedstale installed in their environment."""
-    if app != PACKAGE_APP:
+    """The directory to hand `flwr run`: `app` itself, or a temporary copy of it when Flower
+    needs another pyproject.toml. The shipped app's copy drops the fab-include patterns (they
+    name the checkout's files), so its FAB holds no code and the SuperLink's ServerApp and
+    the ClientApps import the fedstale installed in their environment. When installed rule
+    packages add keys the app's [tool.flwr.app.config] lacks, the copy declares them with
+    their defaults (Flower refuses a run-config key its app does not name) and holds the
+    files its fab-include names."""
+    missing = missing_package_keys(app)
+    if app != PACKAGE_APP and not missing:
         yield app
         return
     import tomli_w  # a dependency of flwr
 
     table = tomllib.loads((app / "pyproject.toml").read_text())
-    for key in ("fab-include", "fab-exclude"):
-        table["tool"]["flwr"]["app"].pop(key, None)
+    flower = table["tool"]["flwr"]["app"]
+    flower["config"].update(missing)
     with tempfile.TemporaryDirectory(prefix="fedstale-app-") as folder:
+        if app == PACKAGE_APP:
+            for key in ("fab-include", "fab-exclude"):
+                flower.pop(key, None)
+        else:
+            copy_included(app, Path(folder), flower.get("fab-include", []))
         (Path(folder) / "pyproject.toml").write_text(tomli_w.dumps(table))
         yield Path(folder)
+
+
+def missing_package_keys(app: Path) -> dict[str, Any]:
+    """Installed packages' rule keys (with their defaults) that `app` does not declare."""
+    from fedstale.strategies.registry import package_keys
+
+    declared = app_defaults(app)
+    return {key: value for key, value in package_keys().items() if key not in declared}
+
+
+def copy_included(app: Path, folder: Path, patterns: list[str]) -> None:
+    """The files of `app` that its fab-include patterns name, at the same relative paths."""
+    for pattern in patterns:
+        for found in app.glob(pattern):
+            if found.is_file():
+                target = folder / found.relative_to(app)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(found, target)
 
 
 def resolve(app: Path, overrides: dict[str, Any]) -> tuple[RunConfig, dict[str, Any]]:

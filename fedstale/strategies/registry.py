@@ -168,7 +168,7 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
             f"{', '.join(sorted(STRATEGIES))}; {FIX_HINT}"
         )
     # Every strategy's keys are checked, so a bad value never waits for the day it is used.
-    all_params = {name: parse_model(c.Params, values) for name, c in STRATEGIES.items()}
+    all_params = {name: parse_params(name, values) for name in STRATEGIES}
     rule, params = rule_named(run.strategy), all_params[run.strategy]
     try:
         check_labels(rule, run)
@@ -177,6 +177,34 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
     except ValueError as err:
         raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
     return run, params
+
+
+def parse_params(name: str, values: Mapping[str, Any]) -> KebabModel:
+    """A rule's own keys; a bad value of a package's key names the package's rule and fixes
+    it with --run-config (the app's pyproject.toml is not its author's to edit)."""
+    rule = declarations()[name]
+    try:
+        return parse_model(rule.strategy.Params, values)
+    except ConfigError as err:
+        if is_built_in(rule):
+            raise
+        fix = f"a key of rule '{name}' ({rule.strategy.__module__}): fix it with --run-config"
+        raise ConfigError(str(err).replace(FIX_HINT, fix)) from None
+
+
+def is_built_in(rule: Rule) -> bool:
+    return rule.strategy.__module__.startswith("fedstale.strategies.")
+
+
+def package_keys() -> dict[str, Any]:
+    """The keys installed packages' rules add, with their defaults: `fedstale run` declares
+    them in the app it hands Flower, which refuses a run-config key its app does not name."""
+    keys: dict[str, Any] = {}
+    for rule in declarations().values():
+        if not is_built_in(rule):
+            defaults = rule.strategy.Params().model_dump(by_alias=True)
+            keys.update({k: v for k, v in defaults.items() if v is not None})
+    return keys
 
 
 def check_labels(rule: Rule, run: RunConfig) -> None:
