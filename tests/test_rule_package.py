@@ -148,6 +148,16 @@ def test_fedstale_run_local_runs_the_package_rule(package: Path, tmp_path: Path)
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     check_run(tmp_path / "local")
+    listed = subprocess.run(
+        [tool("fedstale"), "check", "--app", str(ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    said = "fedstale: installed rule 'median-buffer' from median_buffer (median-scale=1.0)"
+    assert said in listed.stderr
 
 
 def check_run(folder: Path) -> None:

@@ -62,6 +62,7 @@ from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
 from fedstale.server_app.results import runs_root
+from fedstale.strategies.registry import package_rules
 
 
 def flower_command(
@@ -335,6 +336,8 @@ def command(argv: list[str]) -> int:
             for note in dominance_notes(run):
                 print(f"fedstale: DP: {note}", file=sys.stderr)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
+            for line in package_rules():
+                print(f"fedstale: installed {line}", file=sys.stderr)
             return 0
         if grid:
             return run_grid(app, pairs, parse_axes(args.grid, args.seeds))

@@ -196,6 +196,17 @@ def is_built_in(rule: Rule) -> bool:
     return rule.strategy.__module__.startswith("fedstale.strategies.")
 
 
+def package_rules() -> list[str]:
+    """One line per installed package's rule: its name, module and keys with defaults."""
+    lines = []
+    for rule in declarations().values():
+        if not is_built_in(rule):
+            defaults = rule.strategy.Params().model_dump(by_alias=True)
+            keys = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "no keys of its own"
+            lines.append(f"rule '{rule.name}' from {rule.strategy.__module__} ({keys})")
+    return lines
+
+
 def package_keys() -> dict[str, Any]:
     """The keys installed packages' rules add, with their defaults: `fedstale run` declares
     them in the app it hands Flower, which refuses a run-config key its app does not name."""
