@@ -28,10 +28,8 @@ MEDIAN_BUFFER = '''
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import KebabModel
-from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
-from fedstale.strategies.buffer import Buffer
-from fedstale.strategies.rule import Rule
+from fedstale.rules import Buffer, KebabModel, Outcome, Rule, Strategy, Update, View
+from fedstale.rules import update_record
 
 
 class MedianParams(KebabModel):
@@ -221,3 +219,20 @@ def test_the_library_offers_the_package_rule_over_a_plain_clientapp(
     summary = json.loads((run / "summary.json").read_text())
     assert summary["strategy"] == "median-buffer", (result.stdout + result.stderr)[-3000:]
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+
+
+def test_a_rule_package_imports_only_the_public_authoring_module() -> None:
+    """The package here and the README's rule import nothing of fedstale but `fedstale.rules`,
+    whose every name resolves."""
+    import ast
+
+    import fedstale.rules
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("This block is run by `tests/test_readme_strategy.py`")[1]
+    block = block.split("```python\n", 1)[1].split("```", 1)[0]
+    for source in (MEDIAN_BUFFER, block):
+        tree = ast.parse(source)
+        modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+        assert {m for m in modules if m and m.startswith("fedstale")} == {"fedstale.rules"}
+    assert all(hasattr(fedstale.rules, name) for name in fedstale.rules.__all__)

@@ -1,0 +1,83 @@
+"""Everything a rule author imports, from one public module (docs/architecture.md, "Write a
+rule as a package"). A rule in your own package needs nothing else of fedstale:
+
+    from pydantic import Field
+    from fedstale.rules import Buffer, KebabModel, Outcome, Rule, Strategy, Update, View
+    from fedstale.rules import update_record
+
+    class MedianParams(KebabModel):          # the rule's own run-config keys
+        median_scale: float = Field(1.0, gt=0)
+
+    class MedianBuffer(Strategy):
+        name = "median-buffer"
+        Params = MedianParams
+        kept = ("buffer",)                   # checkpointed with the run
+        ...
+
+    RULES = (Rule(MedianBuffer, library="MedianBuffer", about="..."),)
+
+and its entry point, `[project.entry-points."fedstale.rules"] median-buffer =
+"mypackage.median_buffer:RULES"`. What each name is:
+
+- `Strategy`: the base of every rule (`on_update(update, view) -> Outcome`, `model`, `run`,
+  `params`); `Update` (one client's delta, its staleness and metrics), `View` (what the
+  engine knows when an update arrives), `Outcome` (whether the model changed and the rows
+  recorded), `update_record` (one such row).
+- `Rule`: the declaration; `ClientRule` a client half (its `LocalTask`: the client's
+  training, where it adds signals); `SignalSpec` a signal the server checks on every reply,
+  `InvalidReply` what a rule's `validate` raises to reject one; `Release` how a rule's model
+  is released under central DP (with `LINEAR`, `CONVEX`).
+- Helpers of the built-in rules: `Buffer` (K updates, then a batch), `Staleness` (the
+  staleness weights s(tau)), `step_scale` (the server learning-rate schedule), `mean_model`.
+- Capabilities a rule may declare by subclassing: `PerClientModels`, `Topology`.
+- `KebabModel`: the base of a rule's `Params` (snake_case fields are kebab-case keys);
+  `RunConfig` the run's shared settings; `ConfigError` what a refused setting raises.
+
+These names are kept stable; the modules they live in are not a public interface.
+"""
+
+from __future__ import annotations
+
+from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.schema import InvalidReply, SignalSpec
+from fedstale.strategies.base import (
+    Outcome,
+    PerClientModels,
+    Strategy,
+    Topology,
+    Update,
+    View,
+    mean_model,
+    step_scale,
+    update_record,
+)
+from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.client import ClientRule, LocalTask
+from fedstale.strategies.privacy import CONVEX, LINEAR, Release
+from fedstale.strategies.rule import Rule
+from fedstale.strategies.staleness import Staleness
+
+__all__ = [
+    "CONVEX",
+    "LINEAR",
+    "Buffer",
+    "ClientRule",
+    "ConfigError",
+    "InvalidReply",
+    "KebabModel",
+    "LocalTask",
+    "Outcome",
+    "PerClientModels",
+    "Release",
+    "Rule",
+    "RunConfig",
+    "SignalSpec",
+    "Staleness",
+    "Strategy",
+    "Topology",
+    "Update",
+    "View",
+    "mean_model",
+    "step_scale",
+    "update_record",
+]
