@@ -71,6 +71,24 @@ def test_capabilities_are_read_from_the_classes() -> None:
         assert issubclass(rule.strategy, Topology) == rule.topology
 
 
+def test_deploy_edges_go_under_the_key_each_topology_rule_declares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`fedstale deploy --edges E` sets the rule's own `edges_key`, never a hard-coded one."""
+    from fedstale.common.config import ConfigError
+    from fedstale.launcher.deploy import check_edges, deployment_config
+
+    for name in with_topology():
+        key = declarations()[name].strategy.edges_key  # type: ignore[attr-defined]
+        assert deployment_config(6, {"strategy": name}, 2)[key] == 2
+    monkeypatch.setattr(declarations()["hierfedavg"].strategy, "edges_key", "other-edges")
+    assert deployment_config(6, {"strategy": "hierfedavg"}, 3)["other-edges"] == 3
+    with pytest.raises(ConfigError, match="--edges 3 and other-edges=2 disagree"):
+        check_edges(3, 6, {"strategy": "hierfedavg", "other-edges": 2})
+    with pytest.raises(ConfigError, match="a rule with edges"):
+        deployment_config(6, {"strategy": "fedbuff"}, 2)
+
+
 def test_a_declaration_that_cannot_hold_is_refused_in_one_line() -> None:
     class NoName(Strategy):
         def on_update(self, update, view):  # type: ignore[no-untyped-def]

@@ -7,7 +7,8 @@ processes on 127.0.0.1, the app run on them with `flwr run`, everything stopped 
 Each SuperNode gets `--node-config "partition-id=i num-partitions=N delay-seconds=d"`; the
 ClientApp sleeps `delay-seconds` after training (injected latency). With `--edges E` (MAFSA,
 HierFedAvg) the nodes form E edges of consecutive partitions, each node naming its edge
-(`edge-id=k`), and the run gets `mafsa-edges=E`. The run uses the wall clock unless
+(`edge-id=k`), and the run gets E under its rule's edges key (`Topology.edges_key`,
+`mafsa-edges` for both). The run uses the wall clock unless
 `clock=virtual` is given. The same flags appear in docker/compose.yml.
 """
 
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import ConfigError
+from fedstale.common.config import ConfigError, RunConfig
 from fedstale.launcher.launch import (
     PACKAGE,
     PACKAGE_APP,
@@ -417,10 +418,22 @@ class LocalDeployment:
 
 def deployment_config(num_nodes: int, overrides: dict[str, Any], edges: int = 0) -> dict[str, Any]:
     """The wall-clock defaults, one client per node all training at once, then the user's
-    (with `edges`, also the edge count)."""
-    topology = {"mafsa-edges": edges} if edges else {}
+    (with `edges`, also the edge count under the rule's own key)."""
+    topology = {edges_key(overrides): edges} if edges else {}
     base = {**WALL_DEFAULTS, "num-clients": num_nodes, "concurrency": num_nodes, **topology}
     return {**base, **overrides}
+
+
+def edges_key(overrides: dict[str, Any]) -> str:
+    """The run-config key of the number of edges, as the run's Topology rule declares it."""
+    from fedstale.strategies.base import Topology
+    from fedstale.strategies.registry import STRATEGIES
+
+    name = str(overrides.get("strategy", RunConfig().strategy))
+    strategy = STRATEGIES.get(name)
+    if strategy is None or not issubclass(strategy, Topology):
+        raise ConfigError(f"--edges needs a rule with edges (a Topology), not {name}")
+    return strategy.edges_key
 
 
 def check_edges(edges: int, nodes: int, overrides: dict[str, Any]) -> None:
@@ -438,9 +451,10 @@ def check_edges(edges: int, nodes: int, overrides: dict[str, Any]) -> None:
         )
     if not 1 <= edges <= nodes:
         raise ConfigError(f"--edges {edges}: give 1 to --nodes ({nodes}) edges")
-    named = overrides.get("mafsa-edges")
+    key = edges_key(overrides)
+    named = overrides.get(key)
     if named is not None and named != edges:
-        raise ConfigError(f"--edges {edges} and mafsa-edges={named} disagree; give one")
+        raise ConfigError(f"--edges {edges} and {key}={named} disagree; give one")
 
 
 def parse_delays(text: str) -> list[float]:

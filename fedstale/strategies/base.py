@@ -268,7 +268,10 @@ class PerClientModels(ABC):
 
 class Topology(ABC):
     """Capability: edges between the clients and the cloud. Nodes may name their edge;
-    every client trains at once; the topology may slow whole edges."""
+    every client trains at once; the topology may slow whole edges. `edges_key`: the rule's
+    run-config key holding the number of edges (`fedstale deploy --edges E` sets it)."""
+
+    edges_key: ClassVar[str]
 
     @abstractmethod
     def bind_edges(self, declared: dict[int, int]) -> None:

@@ -132,6 +132,7 @@ class Hierarchy(Strategy[HierarchyParams], Topology):
 
     returns = RETURN_MODEL
     reuses_stale: ClassVar[bool] = False
+    edges_key: ClassVar[str] = "mafsa-edges"
     kept: tuple[str, ...] = ("edges", "in_task", "dropped_at", "epochs", "cloud_updates")
     EMPTY_ROUNDS_PER_PLAN = 100  # bounds the draws when every reachable client is offline
 
