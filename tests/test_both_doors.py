@@ -168,6 +168,8 @@ def test_a_library_run_records_provenance_and_its_train_config(tmp_path: Path) -
     config = json.loads((tmp_path / "lib" / "config.json").read_text())
     assert config["train-config"] == {} and "python" in json.dumps(config["provenance"])
     assert "dataset" not in config  # the user's ClientApp decides its data
+    assert "buffer-size" in config and not RunConfig.app_only_keys() & set(config)
+    assert {"dataset", "model", "trainer", "eval-where"} <= RunConfig.app_only_keys()
     rows = read_jsonl(tmp_path / "lib" / "updates.jsonl")
     assert len(rows) >= 4  # two versions of buffer 2
 

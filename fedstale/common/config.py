@@ -109,6 +109,21 @@ class KebabModel(BaseModel):
     def keys(cls) -> set[str]:
         return {field.alias or name for name, field in cls.model_fields.items()}
 
+    @classmethod
+    def app_only_keys(cls) -> set[str]:
+        """Keys only fedstale's own app reads (its data, model, ClientApp and evaluation):
+        declared on the field (`json_schema_extra=APP_ONLY`); the library accepts the rest."""
+        return {
+            field.alias or name
+            for name, field in cls.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra == APP_ONLY
+        }
+
+
+# Marks a RunConfig key only fedstale's own app reads; a library user's ServerApp and
+# ClientApp decide these themselves (AsyncStrategy refuses them).
+APP_ONLY: dict[str, Any] = {"reader": "app"}
+
 
 class RunConfig(KebabModel):
     """The keys shared by every strategy (see pyproject.toml for their meaning)."""
@@ -117,19 +132,23 @@ class RunConfig(KebabModel):
     run_name: str = ""
     runs_dir: str = ""
     seed: int = Field(0, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", json_schema_extra=APP_ONLY)
 
-    dataset: str = "fmnist"
-    data_dir: str = ""
-    model: str = "auto"
+    dataset: str = Field("fmnist", json_schema_extra=APP_ONLY)
+    data_dir: str = Field("", json_schema_extra=APP_ONLY)
+    model: str = Field("auto", json_schema_extra=APP_ONLY)
     loss: str = "cross-entropy"
     metric: str = "accuracy"
-    partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = "iid"
-    dirichlet_alpha: float = Field(1.0, gt=0)
-    dirichlet_convention: Literal["hsu", "per-class"] = "hsu"
-    classes_per_client: int = Field(2, ge=1)
-    test_split: Literal["standard", "holdout", "local"] = "standard"
-    client_val_fraction: float = Field(0.1, ge=0, lt=1)
+    partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = Field(
+        "iid", json_schema_extra=APP_ONLY
+    )
+    dirichlet_alpha: float = Field(1.0, gt=0, json_schema_extra=APP_ONLY)
+    dirichlet_convention: Literal["hsu", "per-class"] = Field("hsu", json_schema_extra=APP_ONLY)
+    classes_per_client: int = Field(2, ge=1, json_schema_extra=APP_ONLY)
+    test_split: Literal["standard", "holdout", "local"] = Field(
+        "standard", json_schema_extra=APP_ONLY
+    )
+    client_val_fraction: float = Field(0.1, ge=0, lt=1, json_schema_extra=APP_ONLY)
     num_clients: int = Field(50, ge=1)
 
     concurrency: int = Field(10, ge=1)
@@ -145,8 +164,8 @@ class RunConfig(KebabModel):
     grad_clip: float = Field(0.0, ge=0)
     local_steps: int = Field(0, ge=0)
     server_step: Literal["spec", "client-lr"] = "spec"
-    client_threads: int = Field(1, ge=0)
-    trainer: Literal["auto", "autograd", "cohort"] = "auto"
+    client_threads: int = Field(1, ge=0, json_schema_extra=APP_ONLY)
+    trainer: Literal["auto", "autograd", "cohort"] = Field("auto", json_schema_extra=APP_ONLY)
 
     dp_clipping: Literal["server", "client"] = "server"
     dp_noise_multiplier: float = Field(0.0, ge=0)
@@ -175,13 +194,13 @@ class RunConfig(KebabModel):
     max_wall_seconds: float = Field(0.0, ge=0)
 
     eval_interval: float = Field(1000.0, gt=0)
-    eval_target: Literal["auto", "global", "per-client"] = "auto"
-    eval_where: Literal["auto", "server", "clients"] = "auto"
-    eval_batch_size: int = Field(1024, ge=1)
+    eval_target: Literal["auto", "global", "per-client"] = Field("auto", json_schema_extra=APP_ONLY)
+    eval_where: Literal["auto", "server", "clients"] = Field("auto", json_schema_extra=APP_ONLY)
+    eval_batch_size: int = Field(1024, ge=1, json_schema_extra=APP_ONLY)
     progress_interval: float = Field(5.0, gt=0)
 
     # Test-only: "kind@task,..." makes clients corrupt those tasks' replies on purpose.
-    test_faults: str = ""
+    test_faults: str = Field("", json_schema_extra=APP_ONLY)
 
     checkpoint_every: int = Field(20, ge=0)
     resume_from: str = ""

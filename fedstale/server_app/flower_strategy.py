@@ -60,24 +60,6 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
 # Keys of fedstale's own app (its data, model and local training) that a Flower ClientApp
 # decides for itself: left out of config.json.
-APP_ONLY = {
-    "dataset",
-    "data-dir",
-    "model",
-    "partition",
-    "dirichlet-alpha",
-    "dirichlet-convention",
-    "classes-per-client",
-    "test-split",
-    "client-val-fraction",
-    "trainer",
-    "client-threads",
-    "test-faults",
-    "eval-batch-size",
-    "eval-target",
-    "eval-where",
-    "device",
-}
 
 
 class AsyncStrategy(FlowerStrategy):
@@ -374,7 +356,7 @@ class LibraryDoor(Door):
 
     def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
         settings = settings_of(run, params, name)
-        return {k: v for k, v in settings.items() if k not in APP_ONLY}
+        return {k: v for k, v in settings.items() if k not in RunConfig.app_only_keys()}
 
     def config_extras(self, run: RunConfig) -> dict[str, Any]:
         return {"train-config": self.user_config}
