@@ -34,7 +34,10 @@ def flags(command: list[str]) -> set[str]:
 def launcher(tmp_path: Path, secure: bool) -> LocalDeployment:
     tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "s.pem", tmp_path / "s.key") if secure else None
     keys = tmp_path / "keys" if secure else None
-    return LocalDeployment(tmp_path, 3, tls=tls, database=tmp_path / "db", auth_keys=keys)
+    # the compose demo's SuperNodes start Flower's own SuperExec (no warm one beside them)
+    return LocalDeployment(
+        tmp_path, 3, tls=tls, database=tmp_path / "db", auth_keys=keys, clientapp_exec="flower"
+    )
 
 
 @pytest.mark.parametrize("secure", [False, True])

@@ -6,6 +6,7 @@ each SuperNode); tests/test_bounds.py runs it at Flower's lower and newest bound
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -101,3 +102,75 @@ def test_a_tls_runtime_api_passes_its_certificates(tmp_path: Path) -> None:
     sent = request_of(Spec("flwr-clientapp", insecure=False, root_certificates_path=str(ca)))
     assert sent["certificates"] == ca.read_text() and sent["insecure"] is False
     assert request_of(Spec("flwr-clientapp"))["certificates"] is None
+
+
+LINGERING = """
+import os, signal, sys, time
+if os.fork() == 0:  # a task still in its exit handlers: it outlives its SuperExec's SIGTERM
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print(os.getpid(), flush=True)
+    time.sleep(600)
+    os._exit(0)
+time.sleep(600)
+"""
+
+
+def test_stopping_a_superexec_stops_what_is_left_of_its_group(tmp_path: Path) -> None:
+    """The leader exits at SIGTERM, a forked task does not: the whole group is stopped
+    (deploy.stop_group), where stopping the leader alone had left the task running."""
+    import time
+
+    from fedstale.launcher.deploy import group_alive, spawn, stop_group
+
+    log = tmp_path / "group.log"
+    leader = spawn([sys.executable, "-c", LINGERING], dict(os.environ), log)
+    try:
+        deadline = time.monotonic() + 30
+        while not log.read_text().strip():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        task = int(log.read_text().split()[0])
+        started = time.monotonic()
+        stop_group(leader, grace=1.0)
+        assert not group_alive(leader.pid) and leader.poll() is not None
+        assert not Path(f"/proc/{task}").exists() or state(task) == "Z"
+        assert time.monotonic() - started < 10
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(leader.pid, 9)
+
+
+def test_the_warm_process_dies_with_its_superexec_however_that_ends(tmp_path: Path) -> None:
+    """A SuperExec SIGKILLed (no exit handler runs) takes its warm process with it, so no
+    process of a stopped node is left (Linux: PR_SET_PDEATHSIG)."""
+    import signal
+    import time
+
+    from fedstale.launcher.ports import descendants
+
+    command = [sys.executable, "-m", "fedstale.launcher.warm_exec", "--insecure"]
+    command += ["--runtime-api-address", "127.0.0.1:1", "--preload", "numpy"]
+    superexec = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not (below := descendants(superexec.pid)):
+            assert time.monotonic() < deadline and superexec.poll() is None
+            time.sleep(0.05)
+        zygote = below[0][0]
+        os.kill(superexec.pid, signal.SIGKILL)
+        superexec.wait(10)
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{zygote}").exists() and "Z" not in state(zygote):
+            assert time.monotonic() < deadline, "the warm process outlived its SuperExec"
+            time.sleep(0.05)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(superexec.pid, signal.SIGKILL)
+        superexec.wait(10)
+
+
+def state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "Z"

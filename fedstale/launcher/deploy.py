@@ -81,6 +81,41 @@ def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
         pass
 
 
+def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
+    """Stop every process of `process`'s group, its leader alive or not: a warm SuperExec
+    that exited with its node may leave its forked processes in the group it led."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (process.poll() is None or group_alive(process.pid)):
+        time.sleep(0.1)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(5)
+
+
+def group_alive(group: int) -> bool:
+    """Whether a process of the group still runs (a zombie, waiting to be reaped, does not)."""
+    proc = Path("/proc")
+    if not proc.is_dir():
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return False
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[2]) == group and fields[0] != "Z":
+            return True
+    return False
+
+
 def spawn(command: list[str], env: dict[str, str], log: Path) -> subprocess.Popen:
     with log.open("a") as handle:
         return subprocess.Popen(
@@ -400,10 +435,8 @@ class LocalDeployment:
         return [pid for pid, cmd in below if "flwr-serverapp" in cmd]
 
     def stop(self) -> None:
-        for process in self.nodes.values():
-            stop(process)
-        for process in self.execs.values():
-            stop(process)
+        for process in [*self.nodes.values(), *self.execs.values()]:
+            stop_group(process)
         if self.superexec is not None:
             stop_tree(self.superexec)
         if self.superlink is not None:

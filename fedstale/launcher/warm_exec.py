@@ -67,7 +67,9 @@ class Zygote:
 
 
 def serve(requests_fd: int, preload: tuple[str, ...]) -> None:
-    """The warm process: import, then fork a task per request until the pipe closes."""
+    """The warm process: import, then fork a task per request until the pipe closes (or,
+    on Linux, until the SuperExec that forked it is gone, however it ended)."""
+    die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # finished tasks are reaped by the kernel
     for name in (RUNTIME, *preload):
         try:
@@ -80,6 +82,18 @@ def serve(requests_fd: int, preload: tuple[str, ...]) -> None:
                 requests.close()
                 run_task(json.loads(line))
     os._exit(0)
+
+
+def die_with_parent() -> None:
+    """Linux: SIGTERM this process when its parent exits (prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() == 1:  # the parent was already gone before prctl took effect
+        os._exit(0)
 
 
 def run_task(request: dict[str, Any]) -> None:
