@@ -141,10 +141,13 @@ def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
     from fedstale.common.models import ParamLayout
     from fedstale.common.run_model import run_model
-    from fedstale.server_app.experiment import setup_for
+    from fedstale.server_app.experiment import services_for, setup_for
+    from fedstale.strategies.base import ServerModel
 
     model = run_model(run)
-    strategy.bind(setup_for(run, model, ParamLayout.of(model)))
+    strategy.bind(setup_for(run, ParamLayout.of(model)))
+    if isinstance(strategy, ServerModel):
+        strategy.bind_services(services_for(run, model))
 
 
 @contextmanager

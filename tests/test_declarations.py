@@ -78,6 +78,7 @@ def test_capabilities_are_read_from_the_classes() -> None:
     per_client = {n for n, r in declarations().items() if r.per_client_models}
     assert per_client == {"pace", "pfedgraph-async", "local-only"}
     assert set(with_topology()) == {"mafsa", "hierfedavg"}
+    assert {n for n, r in declarations().items() if r.server_model} == {"fedpsa"}
     for name, rule in declarations().items():
         assert issubclass(rule.strategy, PerClientModels) == (name in per_client)
         assert issubclass(rule.strategy, Topology) == rule.topology

@@ -36,7 +36,7 @@ from fedstale.server_app.nodes import AssignedNodes, Nodes
 from fedstale.server_app.results import run_name
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.transport import Transport
-from fedstale.strategies.base import Setup
+from fedstale.strategies.base import ModelServices, Setup
 
 log = logging.getLogger("fedstale")
 DIAGNOSTIC_BATCH = 512  # held-out test samples behind each gradient of the Sec. 6.6 diagnostic
@@ -67,9 +67,18 @@ def make_client_scorer(run: RunConfig, model: torch.nn.Module) -> ClientScorer:
     return score
 
 
-def setup_for(run: RunConfig, model: torch.nn.Module, layout: ParamLayout) -> Setup:
-    """What a rule may take before the run (Strategy.bind); nothing is computed until a
-    rule asks for it."""
+def setup_for(run: RunConfig, layout: ParamLayout) -> Setup:
+    """What every rule may take before the run (Strategy.bind)."""
+    fed = federation_of(run)
+    return Setup(
+        segments=tuple(layout.segments),
+        client_sizes=np.array([len(idx) for idx in fed.train_idx], dtype=np.float64),
+    )
+
+
+def services_for(run: RunConfig, model: torch.nn.Module) -> ModelServices:
+    """What a rule computing on the model at the server may take (ServerModel); nothing
+    is computed until the rule asks for it."""
     fed = federation_of(run)
 
     def calibration(size: int) -> tuple[dict[str, Any], Any]:
@@ -79,9 +88,7 @@ def setup_for(run: RunConfig, model: torch.nn.Module, layout: ParamLayout) -> Se
             raise ConfigError(f"fedpsa-calib-size: {err}; use a smaller batch") from None
         return encode(batch), batch
 
-    return Setup(
-        segments=tuple(layout.segments),
-        client_sizes=np.array([len(idx) for idx in fed.train_idx], dtype=np.float64),
+    return ModelServices(
         calibration=calibration,
         sketcher=global_sketcher(model, fed.input_shape, fed.num_classes),
         aligner=lambda: gradient_aligner(run, model),
@@ -159,7 +166,10 @@ class AppDoor(Door):
         return self.torch_model
 
     def setup(self, run: RunConfig, model: Model) -> Setup:
-        return setup_for(run, self.module(), model.layout)
+        return setup_for(run, model.layout)
+
+    def services(self, run: RunConfig, model: Model) -> ModelServices:
+        return services_for(run, self.module())
 
     def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
         return make_evaluator(run, self.module())

@@ -51,7 +51,7 @@ from fedstale.server_app.progress import setup_logging
 from fedstale.server_app.results import RunRecorder, claim_run_dir
 from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.transport import GridTransport, Transport
-from fedstale.strategies.base import Setup
+from fedstale.strategies.base import ModelServices, Setup
 from fedstale.strategies.registry import STRATEGIES, declarations, load_config, rule_named
 
 log = logging.getLogger("fedstale")
@@ -373,9 +373,6 @@ class LibraryDoor(Door):
     def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
         return ResultRecorder(claim_run_dir(run, name), kept)
 
-    def client_sizes(self, setup: Setup) -> np.ndarray | None:
-        return None
-
     def accountant(self, run: RunConfig) -> Any:
         accountant = self.strategy.accountant
         if accountant is not None and accountant.config.population_size != run.num_clients:
@@ -387,9 +384,17 @@ class LibraryDoor(Door):
         return accountant
 
     def setup(self, run: RunConfig, model: Model) -> Setup:
-        """What the rule may take before the run: the layout, uniform client sizes (a
-        Flower ClientApp's data sizes are unknown until it answers), and the server's
-        sketcher where `model_fn` was given."""
+        """The layout, and uniform client sizes: a Flower ClientApp's data sizes are unknown
+        until it answers."""
+        return Setup(
+            segments=tuple(model.layout.segments),
+            client_sizes=np.ones(run.num_clients),
+            sizes_known=False,
+        )
+
+    def services(self, run: RunConfig, model: Model) -> ModelServices:
+        """The server's sketcher where `model_fn` was given; no real calibration batch and no
+        diagnostic (both need fedstale's own app's test data)."""
 
         def no_calibration(size: int) -> tuple[dict[str, Any], Any]:
             raise ConfigError(
@@ -412,13 +417,7 @@ class LibraryDoor(Door):
         def no_aligner() -> Any:
             raise ConfigError(f"{run.strategy}: the diagnostic needs fedstale's own app")
 
-        return Setup(
-            segments=tuple(model.layout.segments),
-            client_sizes=np.ones(run.num_clients),
-            calibration=no_calibration,
-            sketcher=sketcher,
-            aligner=no_aligner,
-        )
+        return ModelServices(calibration=no_calibration, sketcher=sketcher, aligner=no_aligner)
 
     def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
         """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in

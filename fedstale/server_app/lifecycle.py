@@ -52,7 +52,7 @@ from fedstale.server_app.results import (
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.summary import summarize
 from fedstale.server_app.transport import Transport
-from fedstale.strategies.base import Setup, Strategy, Topology
+from fedstale.strategies.base import ModelServices, ServerModel, Setup, Strategy, Topology
 from fedstale.strategies.registry import build_strategy
 
 log = logging.getLogger("fedstale")
@@ -100,12 +100,11 @@ class Door(ABC):
 
     @abstractmethod
     def setup(self, run: RunConfig, model: Model) -> Setup:
-        """What the rule may take before the run (Strategy.bind)."""
+        """What every rule may take before the run (Strategy.bind)."""
 
-    def client_sizes(self, setup: Setup) -> np.ndarray | None:
-        """The clients' data sizes, where the door knows them (the proportional latency
-        profile needs them)."""
-        return setup.client_sizes
+    @abstractmethod
+    def services(self, run: RunConfig, model: Model) -> ModelServices:
+        """What a rule computing on the model at the server takes (ServerModel)."""
 
     @abstractmethod
     def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
@@ -204,6 +203,8 @@ def build_engine(
     strategy = build_strategy(run, params, model.initial)
     setup = door.setup(run, model)
     strategy.bind(setup)
+    if isinstance(strategy, ServerModel):
+        strategy.bind_services(door.services(run, model))
     transport = door.transport(run)
     check_noise_seed(run, transport)
     progress = progress_for(run.progress_interval, door.label)
@@ -236,7 +237,7 @@ def make_engine(
         strategy,
         transport,
         model.layout,
-        latency_of(run, strategy, door.client_sizes(setup)),
+        latency_of(run, strategy, setup.client_sizes if setup.sizes_known else None),
         door.evaluator(run, model, version),
         recorder,
         progress,

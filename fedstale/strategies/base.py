@@ -143,11 +143,24 @@ Aligner = Callable[[list[np.ndarray], np.ndarray], list[float]]  # clients, serv
 
 @dataclass(frozen=True)
 class Setup:
-    """What the server offers a rule before the run (`Strategy.bind`). The callables do
-    their work only when a rule calls them.
+    """What the server offers every rule before the run (`Strategy.bind`).
 
     segments: (start, stop) of each parameter tensor in the flat vector.
-    client_sizes: every client's training-split size.
+    client_sizes: every client's training-split size; uniform where the door cannot know
+        them (`sizes_known` False: a library user's ClientApps report sizes only as they
+        answer).
+    """
+
+    segments: tuple[tuple[int, int], ...]
+    client_sizes: np.ndarray
+    sizes_known: bool = True
+
+
+@dataclass(frozen=True)
+class ModelServices:
+    """What the server offers a rule that computes on the model itself (`ServerModel`),
+    after `Strategy.bind`. The callables do their work only when the rule calls them.
+
     calibration(n): a real batch of n held-out samples, as (task entries that carry it,
         the batch itself for `sketcher`).
     sketcher(settings, batch): the sketch of a flat model, computed exactly as a client
@@ -155,8 +168,6 @@ class Setup:
     aligner(): cos(grad L(w_client), grad L(w_server)) on a held-out batch.
     """
 
-    segments: tuple[tuple[int, int], ...]
-    client_sizes: np.ndarray
     calibration: Callable[[int], tuple[dict[str, Any], Any]]
     sketcher: Callable[[dict[str, Any], Any], Sketcher]
     aligner: Callable[[], Aligner]
@@ -264,6 +275,15 @@ class PerClientModels(ABC):
     @abstractmethod
     def model_of(self, client: int) -> np.ndarray:
         """The model scored on `client`'s own split."""
+
+
+class ServerModel(ABC):
+    """Capability: the rule computes on the model at the server (FedPSA sketches the global
+    model on the clients' calibration batch); the door offers it `ModelServices`."""
+
+    @abstractmethod
+    def bind_services(self, services: ModelServices) -> None:
+        """Take the services the rule needs before the run (once, and again on resume)."""
 
 
 class Topology(ABC):

@@ -34,8 +34,9 @@ from fedstale.common.sensitivity import sketch_for_task
 from fedstale.strategies.base import (
     Aligner,
     Assignment,
+    ModelServices,
     Outcome,
-    Setup,
+    ServerModel,
     Sketcher,
     Strategy,
     Update,
@@ -117,7 +118,7 @@ def sketch_signals(
 # ---------------------------------------------------------------- the server half
 
 
-class FedPSA(Strategy[FedPSAParams]):
+class FedPSA(Strategy[FedPSAParams], ServerModel):
     name = "fedpsa"
     client_rules = (SensitivitySketch(),)
     kept = ("buffer", "queue", "m0", "calib_holders", "history")
@@ -167,17 +168,17 @@ class FedPSA(Strategy[FedPSAParams]):
     def real_calibration(self) -> bool:
         return self.params.fedpsa_calib_source == "real"
 
-    def bind(self, setup: Setup) -> None:
+    def bind_services(self, services: ModelServices) -> None:
         """The server's sketch of a global model on the clients' own batch and projection,
         the real calibration batch when the rule uses one, the Sec. 6.6 aligner if asked."""
         batch = None
         if self.real_calibration:
-            entries, batch = setup.calibration(self.params.fedpsa_calib_size)
+            entries, batch = services.calibration(self.params.fedpsa_calib_size)
             self.bind_calibration(entries)
         settings = {k: v for k, v in self.task_extra(-1).items() if not isinstance(v, bytes)}
-        self.bind_sketcher(setup.sketcher(settings, batch))
+        self.bind_sketcher(services.sketcher(settings, batch))
         if self.params.fedpsa_diagnostic:
-            self.bind_aligner(setup.aligner())
+            self.bind_aligner(services.aligner())
 
     def bind_sketcher(self, sketcher: Sketcher) -> None:
         """The server's sketch of a global model, on the clients' batch and projection."""

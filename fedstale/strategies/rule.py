@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedstale.strategies.base import PerClientModels, Strategy, Topology
+from fedstale.strategies.base import PerClientModels, ServerModel, Strategy, Topology
 from fedstale.strategies.client import ClientRule
 from fedstale.strategies.privacy import Release
 
@@ -68,6 +68,11 @@ class Rule:
         """Edges between the clients and the cloud: nodes may name their edge, and every
         client trains at once (the library's concurrency is the number of clients)."""
         return issubclass(self.strategy, Topology)
+
+    @property
+    def server_model(self) -> bool:
+        """Whether it computes on the model at the server (it takes `ModelServices`)."""
+        return issubclass(self.strategy, ServerModel)
 
     def check(self) -> None:
         """Raise TypeError where the declaration cannot hold (a package's rule is checked
