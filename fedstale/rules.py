@@ -29,7 +29,8 @@ and its entry point, `[project.entry-points."fedstale.rules"] median-buffer =
   is released under central DP (with `LINEAR`, `CONVEX`).
 - Helpers of the built-in rules: `Buffer` (K updates, then a batch), `Staleness` (the
   staleness weights s(tau)), `step_scale` (the server learning-rate schedule), `mean_model`.
-- Capabilities a rule may declare by subclassing: `PerClientModels`, `Topology`.
+- Capabilities a rule may declare by subclassing: `PerClientModels`, `Topology`,
+  `ServerModel` (with the `ModelServices` it is bound).
 - `KebabModel`: the base of a rule's `Params` (snake_case fields are kebab-case keys);
   `RunConfig` the run's shared settings; `ConfigError` what a refused setting raises.
 
@@ -41,8 +42,10 @@ from __future__ import annotations
 from fedstale.common.config import ConfigError, KebabModel, RunConfig
 from fedstale.common.schema import InvalidReply, SignalSpec
 from fedstale.strategies.base import (
+    ModelServices,
     Outcome,
     PerClientModels,
+    ServerModel,
     Strategy,
     Topology,
     Update,
@@ -66,11 +69,13 @@ __all__ = [
     "InvalidReply",
     "KebabModel",
     "LocalTask",
+    "ModelServices",
     "Outcome",
     "PerClientModels",
     "Release",
     "Rule",
     "RunConfig",
+    "ServerModel",
     "SignalSpec",
     "Staleness",
     "Strategy",
