@@ -5,6 +5,7 @@ with `flwr run` in simulation and on real SuperNodes."""
 from __future__ import annotations
 
 import ast
+import inspect
 import json
 import math
 import os
@@ -198,6 +199,18 @@ def test_every_library_strategy_is_a_flower_strategy_of_a_registered_rule() -> N
         assert isinstance(made, FlowerStrategy)
         assert made.rule in STRATEGIES
     assert isinstance(fedstale.HierFedAvg(num_clients=6, mafsa_edges=2), FlowerStrategy)
+
+
+def test_a_rules_capabilities_bring_their_arguments_and_no_other_rule_takes_them() -> None:
+    """`model_fn`/`input_shape` belong to a ServerModel rule (FedPSA), `edges` to a Topology
+    (HierFedAvg): the generic AsyncStrategy carries neither."""
+    assert fedstale.FedPSA(model_fn=torch.nn.Flatten, input_shape=(4,)).input_shape == (4,)
+    assert fedstale.HierFedAvg(num_clients=4, mafsa_edges=2, edges={0: 0}).edges == {0: 0}
+    with pytest.raises(ConfigError, match="unknown key 'model-fn'"):
+        fedstale.FedBuff(model_fn=torch.nn.Flatten)
+    with pytest.raises(ConfigError, match="unknown key 'edges'"):
+        fedstale.FedPSA(edges={0: 0})
+    assert "model_fn" not in inspect.signature(AsyncStrategy.__init__).parameters
 
 
 def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:

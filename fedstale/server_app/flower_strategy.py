@@ -67,8 +67,9 @@ class AsyncStrategy(FlowerStrategy):
     config keys in snake_case (`buffer_size=5`, `fedbuff_server_lr=0.5`, `clock="virtual"`);
     see docs/library.md. Also: `num_clients` (default: every node online once
     `min_available_nodes` are), `fraction_evaluate` (Flower evaluate messages to the nodes
-    with the final model), `model_fn` and `input_shape` (for a rule that computes on the
-    model at the server, FedPSA), `edges` (client -> edge, for HierFedAvg)."""
+    with the final model). A rule's capabilities add their own arguments to its class
+    (library_classes): `model_fn` and `input_shape` where it computes on the model at the
+    server (ServerModel: FedPSA), `edges` (client -> edge) where it has a Topology."""
 
     rule: ClassVar[str]
     # Set by the DP wrappers (flower_privacy.py): Flower's num_sampled_clients, checked
@@ -82,17 +83,11 @@ class AsyncStrategy(FlowerStrategy):
         num_clients: int | None = None,
         min_available_nodes: int = 2,
         fraction_evaluate: float = 1.0,
-        model_fn: Callable[[], torch.nn.Module] | None = None,
-        input_shape: Sequence[int] | None = None,
-        edges: Mapping[int, int] | None = None,
         **settings: Any,
     ) -> None:
         self.num_clients = num_clients
         self.min_available_nodes = max(1, min_available_nodes)
         self.fraction_evaluate = fraction_evaluate
-        self.model_fn = model_fn
-        self.input_shape = tuple(input_shape) if input_shape is not None else None
-        self.edges = dict(edges or {})
         self.settings = {key.replace("_", "-"): value for key, value in settings.items()}
         self.check_client_halves()
         self.check_settings()
@@ -365,7 +360,7 @@ class LibraryDoor(Door):
         return GridTransport(self.grid, run.task_ttl)
 
     def nodes(self, run: RunConfig) -> Nodes:
-        return NodesInOrder(run.num_clients, edge_of=dict(self.strategy.edges))
+        return NodesInOrder(run.num_clients, edge_of=dict(getattr(self.strategy, "edges", {})))
 
     def model(self, run: RunConfig) -> Model:
         return Model(self.layout, self.layout.flatten(self.arrays))
@@ -402,16 +397,19 @@ class LibraryDoor(Door):
                 "data; use fedpsa_calib_source='gaussian'"
             )
 
+        model_fn = getattr(self.strategy, "model_fn", None)
+        input_shape = getattr(self.strategy, "input_shape", None)
+
         def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
-            if self.strategy.model_fn is None or self.strategy.input_shape is None:
+            if model_fn is None or input_shape is None:
                 raise ConfigError(
                     f"{run.strategy} sketches the global model at the server: pass "
                     f"{type(self.strategy).__name__}(model_fn=<your model factory>, "
                     "input_shape=<one sample's shape>)"
                 )
-            torch_model = self.strategy.model_fn()
-            num_classes = output_width(torch_model, self.strategy.input_shape)
-            sketch = global_sketcher(torch_model, self.strategy.input_shape, num_classes)
+            torch_model = model_fn()
+            num_classes = output_width(torch_model, input_shape)
+            sketch = global_sketcher(torch_model, input_shape, num_classes)
             return sketch(settings, batch)
 
         def no_aligner() -> Any:
@@ -448,19 +446,48 @@ class LibraryDoor(Door):
 # ---------------------------------------------------------------- the rules, by name
 
 
+class ServerModelArguments(AsyncStrategy):
+    """The arguments of a rule that computes on the model at the server (ServerModel):
+    `model_fn` builds your model, `input_shape` is one sample's shape."""
+
+    def __init__(
+        self,
+        *,
+        model_fn: Callable[[], torch.nn.Module] | None = None,
+        input_shape: Sequence[int] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.model_fn = model_fn
+        self.input_shape = tuple(input_shape) if input_shape is not None else None
+        super().__init__(**kwargs)
+
+
+class TopologyArguments(AsyncStrategy):
+    """The argument of a rule with edges (Topology): `edges`, client -> edge (default:
+    seeded groups, or the `edge-id` each node declares)."""
+
+    def __init__(self, *, edges: Mapping[int, int] | None = None, **kwargs: Any) -> None:
+        self.edges = dict(edges or {})
+        super().__init__(**kwargs)
+
+
 @functools.cache
 def library_classes() -> dict[str, type[AsyncStrategy]]:
     """`fedstale.<library>` for every rule declared with a library name (fedstale's and
-    the installed packages'), made from its declaration."""
-    return {
-        rule.library: type(
-            rule.library,
-            (AsyncStrategy,),
-            {"rule": rule.name, "__doc__": rule.about, "__module__": __name__},
-        )
-        for rule in declarations().values()
-        if rule.library
-    }
+    the installed packages'), made from its declaration: its capabilities add their
+    arguments (a rule without them takes none of theirs)."""
+    classes = {}
+    for rule in declarations().values():
+        if not rule.library:
+            continue
+        bases: list[type[AsyncStrategy]] = []
+        if rule.server_model:
+            bases.append(ServerModelArguments)
+        if rule.topology:
+            bases.append(TopologyArguments)
+        attributes = {"rule": rule.name, "__doc__": rule.about, "__module__": __name__}
+        classes[rule.library] = type(rule.library, (*bases, AsyncStrategy), attributes)
+    return classes
 
 
 def __getattr__(name: str) -> type[AsyncStrategy]:
