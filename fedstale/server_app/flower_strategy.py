@@ -360,7 +360,8 @@ class LibraryDoor(Door):
         return GridTransport(self.grid, run.task_ttl)
 
     def nodes(self, run: RunConfig) -> Nodes:
-        return NodesInOrder(run.num_clients, edge_of=dict(getattr(self.strategy, "edges", {})))
+        edges = self.strategy.edges if isinstance(self.strategy, TopologyArguments) else {}
+        return NodesInOrder(run.num_clients, edge_of=dict(edges))
 
     def model(self, run: RunConfig) -> Model:
         return Model(self.layout, self.layout.flatten(self.arrays))
@@ -397,8 +398,9 @@ class LibraryDoor(Door):
                 "data; use fedpsa_calib_source='gaussian'"
             )
 
-        model_fn = getattr(self.strategy, "model_fn", None)
-        input_shape = getattr(self.strategy, "input_shape", None)
+        given = isinstance(self.strategy, ServerModelArguments)
+        model_fn = self.strategy.model_fn if given else None
+        input_shape = self.strategy.input_shape if given else None
 
         def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
             if model_fn is None or input_shape is None:
