@@ -93,6 +93,9 @@ def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
         os.killpg(process.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(5)
+    deadline = time.monotonic() + 5.0  # a SIGKILLed process takes a moment to be gone
+    while group_alive(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def group_alive(group: int) -> bool:
