@@ -117,10 +117,10 @@ time.sleep(600)
 
 def test_stopping_a_superexec_stops_what_is_left_of_its_group(tmp_path: Path) -> None:
     """The leader exits at SIGTERM, a forked task does not: the whole group is stopped
-    (deploy.stop_group), where stopping the leader alone had left the task running."""
+    (deploy.stop), where stopping the leader alone had left the task running."""
     import time
 
-    from fedstale.launcher.deploy import group_alive, spawn, stop_group
+    from fedstale.launcher.deploy import group_alive, spawn, stop
 
     log = tmp_path / "group.log"
     leader = spawn([sys.executable, "-c", LINGERING], dict(os.environ), log)
@@ -131,7 +131,7 @@ def test_stopping_a_superexec_stops_what_is_left_of_its_group(tmp_path: Path) ->
             time.sleep(0.05)
         task = int(log.read_text().split()[0])
         started = time.monotonic()
-        stop_group(leader, grace=1.0)
+        stop(leader, grace=1.0)
         assert not group_alive(leader.pid) and leader.poll() is not None
         assert not Path(f"/proc/{task}").exists() or state(task) == "Z"
         assert time.monotonic() - started < 10

@@ -109,16 +109,6 @@ class KebabModel(BaseModel):
     def keys(cls) -> set[str]:
         return {field.alias or name for name, field in cls.model_fields.items()}
 
-    @classmethod
-    def app_only_keys(cls) -> set[str]:
-        """Keys only fedstale's own app reads (its data, model, ClientApp and evaluation):
-        declared on the field (`json_schema_extra=APP_ONLY`); the library accepts the rest."""
-        return {
-            field.alias or name
-            for name, field in cls.model_fields.items()
-            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra == APP_ONLY
-        }
-
 
 # Marks a RunConfig key only fedstale's own app reads; a library user's ServerApp and
 # ClientApp decide these themselves (AsyncStrategy refuses them).
@@ -127,6 +117,14 @@ APP_ONLY: dict[str, Any] = {"reader": "app"}
 
 class RunConfig(KebabModel):
     """The keys shared by every strategy (see pyproject.toml for their meaning)."""
+
+    @classmethod
+    def app_only_keys(cls) -> set[str]:
+        """Keys only fedstale's own app reads (its data, model, ClientApp and evaluation),
+        as marked on their fields (`json_schema_extra=APP_ONLY`); the library takes the rest
+        and leaves these out of config.json."""
+        marked = (name for name, f in cls.model_fields.items() if f.json_schema_extra == APP_ONLY)
+        return {cls.model_fields[name].alias or name for name in marked}
 
     strategy: str = "fedbuff"
     run_name: str = ""

@@ -68,22 +68,12 @@ def wait_for_port(port: int, timeout: float, process: subprocess.Popen, name: st
 
 
 def stop(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """SIGTERM the process group, then SIGKILL what is left."""
-    if process.poll() is not None:
+    """SIGTERM the process group, then SIGKILL what is left of it: every member, its leader
+    alive or not (a warm SuperExec that exited with its node may leave forked tasks in the
+    group it led). A group id is not reused while a member lives, so a group found alive
+    after its leader was reaped is still this one."""
+    if process.poll() is not None and not group_alive(process.pid):
         return
-    try:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(grace)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        process.wait(5)
-    except ProcessLookupError:
-        pass
-
-
-def stop_group(process: subprocess.Popen, grace: float = 15.0) -> None:
-    """Stop every process of `process`'s group, its leader alive or not: a warm SuperExec
-    that exited with its node may leave its forked processes in the group it led."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(process.pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
@@ -439,7 +429,7 @@ class LocalDeployment:
 
     def stop(self) -> None:
         for process in [*self.nodes.values(), *self.execs.values()]:
-            stop_group(process)
+            stop(process)
         if self.superexec is not None:
             stop_tree(self.superexec)
         if self.superlink is not None:

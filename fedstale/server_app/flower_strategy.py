@@ -58,8 +58,6 @@ log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
-# Keys of fedstale's own app (its data, model and local training) that a Flower ClientApp
-# decides for itself: left out of config.json.
 
 
 class AsyncStrategy(FlowerStrategy):

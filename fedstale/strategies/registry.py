@@ -196,14 +196,21 @@ def is_built_in(rule: Rule) -> bool:
     return rule.strategy.__module__.startswith("fedstale.strategies.")
 
 
+def package_defaults() -> dict[str, dict[str, Any]]:
+    """Each installed package's rule by name: its own keys with their defaults."""
+    return {
+        name: rule.strategy.Params().model_dump(by_alias=True)
+        for name, rule in declarations().items()
+        if not is_built_in(rule)
+    }
+
+
 def package_rules() -> list[str]:
     """One line per installed package's rule: its name, module and keys with defaults."""
     lines = []
-    for rule in declarations().values():
-        if not is_built_in(rule):
-            defaults = rule.strategy.Params().model_dump(by_alias=True)
-            keys = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "no keys of its own"
-            lines.append(f"rule '{rule.name}' from {rule.strategy.__module__} ({keys})")
+    for name, defaults in package_defaults().items():
+        keys = ", ".join(f"{k}={v}" for k, v in defaults.items()) or "no keys of its own"
+        lines.append(f"rule '{name}' from {declarations()[name].strategy.__module__} ({keys})")
     return lines
 
 
@@ -211,10 +218,8 @@ def package_keys() -> dict[str, Any]:
     """The keys installed packages' rules add, with their defaults: `fedstale run` declares
     them in the app it hands Flower, which refuses a run-config key its app does not name."""
     keys: dict[str, Any] = {}
-    for rule in declarations().values():
-        if not is_built_in(rule):
-            defaults = rule.strategy.Params().model_dump(by_alias=True)
-            keys.update({k: v for k, v in defaults.items() if v is not None})
+    for defaults in package_defaults().values():
+        keys.update({k: v for k, v in defaults.items() if v is not None})
     return keys
 
 
