@@ -40,9 +40,7 @@ def exports() -> dict[str, str]:
     for rule in declarations().values():  # no two share a name (registry.name_taken)
         if rule.library:
             found[rule.library] = LIBRARY
-        if rule.mod:
-            module, _, name = rule.mod.partition(":")
-            found[name] = module
+        found.update(rule.mods)
     # fedstale's own names last: no rule can stand in for them
     return {**found, "AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
 

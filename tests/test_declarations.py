@@ -17,6 +17,7 @@ from fedstale.strategies.registry import (
     declarations,
     declared,
     load_config,
+    name_taken,
     with_topology,
 )
 from fedstale.strategies.rule import Rule
@@ -54,13 +55,29 @@ def test_a_rules_signals_are_among_its_declared_wire_keys(name: str) -> None:
     assert not set(rule.wire) & COMMON, "a rule's wire key shadows a common one"
 
 
-def test_a_wire_key_belongs_to_the_rules_of_one_file() -> None:
-    files: dict[str, set[str]] = {}
-    for rule in declarations().values():
-        for key in rule.wire:
-            files.setdefault(key, set()).add(rule.strategy.__module__)
-    shared = {key: modules for key, modules in files.items() if len(modules) > 1}
-    assert not shared
+def test_no_built_in_rule_takes_what_another_declares() -> None:
+    """The check a package's rule meets holds among fedstale's own: no two files' rules
+    share a wire key, a mod or a library class."""
+    rules = list(declarations().values())
+    for rule in rules:
+        assert name_taken(rule, [r for r in rules if r is not rule]) is None, rule.name
+
+
+def test_a_package_rule_taking_another_rules_wire_key_is_left_out() -> None:
+    from fedstale.strategies.fedqs import FedQSKeys
+
+    class Borrower(Strategy):
+        name = "borrower"
+
+        def on_update(self, update, view):  # type: ignore[no-untyped-def]
+            raise NotImplementedError
+
+    rules = list(declarations().values())
+    taken = name_taken(Rule(Borrower, wire=("borrowed", FedQSKeys.SPREAD)), rules)
+    assert taken == "wire key 'fedqs-spread' is rule 'fedqs-sgd' of fedstale.strategies.fedqs's"
+    assert name_taken(Rule(Borrower, wire=("borrowed",)), rules) is None
+    with pytest.raises(TypeError, match="wire key 'task-id' is one every task carries"):
+        declared(Rule(Borrower, wire=("task-id",)), "test")
 
 
 def test_the_library_offers_exactly_the_rules_declared_with_a_library_name() -> None:
@@ -114,5 +131,27 @@ def test_a_declaration_that_cannot_hold_is_refused_in_one_line() -> None:
     pace = declarations()["pace"]
     with pytest.raises(TypeError, match=r"its client rules .* name no mod"):
         declared(Rule(pace.strategy, library="PACE"), "test")
-    with pytest.raises(TypeError, match="is not 'module:function'"):
-        declared(Rule(STRATEGIES["fedbuff"], mod="fedbuff_mod"), "test")
+    pace_half = type(pace.client_rules[0])
+
+    class MisnamedHalf(pace_half):  # type: ignore[misc, valid-type]
+        mod = "fedstale.client_app.mods:pace_mod"
+
+    class WithMisnamedHalf(pace.strategy):  # type: ignore[misc, valid-type]
+        client_rules = (MisnamedHalf(),)
+
+    with pytest.raises(TypeError, match=r"is not 'module:function\(arguments\)'"):
+        declared(Rule(WithMisnamedHalf), "test")
+
+
+def test_the_mod_a_client_half_declares_once_gives_its_export_and_its_hint() -> None:
+    fedpsa = declarations()["fedpsa"]
+    assert fedpsa.mods == {"fedpsa_mod": "fedstale.client_app.mods"}
+    (sketch,) = fedpsa.client_rules
+    assert (
+        sketch.mod_hint()
+        == "add fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
+    )
+    assert fedstale.fedpsa_mod.__module__ == "fedstale.client_app.mods"
+    assert declarations()["mafsa"].client_rules[0].mod_hint() == (
+        "add fedstale.mafsa_mod() to your ClientApp's mods"
+    )

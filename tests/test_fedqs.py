@@ -8,7 +8,7 @@ import re
 import numpy as np
 import pytest
 
-from fedstale.common.schema import InvalidReply, RuleKeys
+from fedstale.common.schema import InvalidReply
 from fedstale.strategies import fedqs as q
 from fedstale.strategies.base import Update, load_state, state_of
 from tests.helpers import V0, run_config
@@ -136,8 +136,8 @@ def fedqs(kind: type[q.FedQSSGD] = q.FedQSSGD, **params: object) -> q.FedQSSGD:
 
 
 def reply(client: int, vector: list[float], n: int, flag: float, momentum: float = 0.1) -> Update:
-    signals = {RuleKeys.FEDQS_FLAG: flag, RuleKeys.FEDQS_MOMENTUM: momentum}
-    signals[RuleKeys.FEDQS_SPREAD] = -1.0
+    signals = {q.FedQSKeys.FLAG: flag, q.FedQSKeys.MOMENTUM: momentum}
+    signals[q.FedQSKeys.SPREAD] = -1.0
     return Update(client, client, 0, 0, n, np.array(vector, dtype=np.float32), signals)
 
 
@@ -145,7 +145,7 @@ def test_first_aggregation_sets_counts_speeds_and_thresholds() -> None:
     strategy = fedqs()
     for client in range(3):
         assignment = strategy.assign(client, V0)
-        assert assignment.entries[RuleKeys.FEDQS_TYPE] == ""  # nothing to classify yet
+        assert assignment.entries[q.FedQSKeys.TYPE] == ""  # nothing to classify yet
         assert assignment.settings == {"lr": 0.1, "momentum": 0.0}  # the run's
     deltas = ([1, 0, 0, 0], [0, 2, 0, 0], [0, 0, 0, 4])
     outcomes = [strategy.on_update(reply(c, d, 100, 0.0), V0) for c, d in enumerate(deltas)]
@@ -193,7 +193,7 @@ def test_an_sbc_task_takes_its_flag_from_the_client_and_others_cannot_set_it() -
     strategy.previous_model = np.zeros(4, dtype=np.float32)
     strategy.model = np.array([1, 2, 3, 5], dtype=np.float32)
     strategy.last_delta = {0: np.array([2, 1, 5, 3.0]), 1: np.array([2, 1, 5, 3.0])}
-    kinds = [strategy.assign(c, V0).entries[RuleKeys.FEDQS_TYPE] for c in (0, 1)]
+    kinds = [strategy.assign(c, V0).entries[q.FedQSKeys.TYPE] for c in (0, 1)]
     assert kinds == [q.FBC, q.SBC]  # both at 90 degrees > 10
     with pytest.raises(
         InvalidReply, match=re.escape("flag of a FBC task is the server's (1); the reply says 0")

@@ -113,7 +113,7 @@ def test_a_wrong_shape_or_name_is_rejected() -> None:
 
 def test_a_missing_signal_names_the_mod_to_add() -> None:
     rule = strategy("fedpsa")
-    hints = {r.name: r.mod for r in rule.client_rules}
+    hints = {r.name: r.mod_hint() for r in rule.client_rules}
     contract = FlowerContract({}, DTYPES, hints)
     contract.sent(0, np.zeros(5, np.float32))
     with pytest.raises(MissingSignal) as err:
@@ -182,7 +182,7 @@ def test_a_run_whose_replies_all_lack_the_signal_stops_with_the_line_naming_the_
         profile_for(run),
         lambda flat: (0.0, 0.0),
         ListRecorder(),
-        contract=FlowerContract({}, DTYPES, {r.name: r.mod for r in rule.client_rules}),
+        contract=FlowerContract({}, DTYPES, {r.name: r.mod_hint() for r in rule.client_rules}),
         nodes=NodesInOrder(3),
     )
     with pytest.raises(EngineError, match=r"^fedpsa needs 'sketch', 'update-norm-sq' .*fedpsa_mod"):

@@ -22,7 +22,7 @@ from fedstale.common.config import RunConfig
 from fedstale.common.models import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.run_model import data_shape
-from fedstale.common.schema import STALE, RuleKeys, TaskSpec, set_key
+from fedstale.common.schema import STALE, TaskSpec, set_key
 from fedstale.common.shares import client_data
 from fedstale.common.threads import limited
 from fedstale.common.training import local_train
@@ -33,7 +33,8 @@ from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import View
 from fedstale.strategies.client import LocalTask
-from fedstale.strategies.fedqs import ClassSpread, class_spread
+from fedstale.strategies.fedqs import ClassSpread, FedQSKeys, class_spread
+from fedstale.strategies.mafsa import MAFSAKeys
 from fedstale.strategies.registry import STRATEGIES
 from tests.helpers import run_config
 from tests.test_library import (  # noqa: F401 (fixtures)
@@ -88,7 +89,7 @@ def as_reply(message: Message) -> Reply:
 # ---------------------------------------------------------------- MAFSA
 
 
-MAFSA_EXTRA = {RuleKeys.MAFSA_OFFLINE: 2, RuleKeys.MAFSA_STALE_LR: 0.2, RuleKeys.MAFSA_LR_STEP: 0.5}
+MAFSA_EXTRA = {MAFSAKeys.OFFLINE: 2, MAFSAKeys.STALE_LR: 0.2, MAFSAKeys.LR_STEP: 0.5}
 
 
 def mafsa_rule() -> Any:
@@ -125,7 +126,7 @@ def test_without_the_mod_a_returning_clients_reply_names_it() -> None:
     msg = train_message(
         (rule.client_rules[0].name,), MAFSA_EXTRA, lab_arrays(1.0), {STALE: lab_arrays(2.0)}
     )
-    contract = FlowerContract({}, DTYPES, {r.name: r.mod for r in rule.client_rules})
+    contract = FlowerContract({}, DTYPES, {r.name: r.mod_hint() for r in rule.client_rules})
     contract.sent(7, LAYOUT.flatten(lab_arrays(1.0)))
     sent = task(7)
     sent.sets = (STALE,)
@@ -205,7 +206,7 @@ def test_mafsa_is_a_library_strategy_training_every_client_at_once() -> None:
 
 
 def fedqs_task(kind: str, limit: float, arrays: dict[str, np.ndarray]) -> Message:
-    extra = {RuleKeys.FEDQS_TYPE: kind, RuleKeys.FEDQS_M0: 0.1, RuleKeys.FEDQS_SPREAD_LIMIT: limit}
+    extra = {FedQSKeys.TYPE: kind, FedQSKeys.M0: 0.1, FedQSKeys.SPREAD_LIMIT: limit}
     return train_message(("fedqs-class-spread",), extra, arrays)
 
 
@@ -247,8 +248,8 @@ def test_the_fedqs_mod_measures_the_built_in_spread_and_sets_the_momentum(
     metrics = {k: reply.content["metrics"][k] for k in local.signals}
     assert metrics == local.signals
     assert seen == [local.spec.momentum] == [momentum]
-    assert metrics[RuleKeys.FEDQS_FLAG] == float(momentum == 0.0)
-    assert 0 < metrics[RuleKeys.FEDQS_SPREAD] <= 100
+    assert metrics[FedQSKeys.FLAG] == float(momentum == 0.0)
+    assert 0 < metrics[FedQSKeys.SPREAD] <= 100
 
 
 def fedqs_rule(net: torch.nn.Module) -> Any:
@@ -269,12 +270,12 @@ def test_the_fedqs_mods_reply_passes_fedqs_checks_and_without_it_the_reply_names
     assignment = rule.assign(0, View(0, (0, 1, 2), (), 2))
     rule.pending[0].kind = "SBC"  # the server classified it slow and misaligned
     msg = train_message(
-        ("fedqs-class-spread",), {**assignment.entries, RuleKeys.FEDQS_TYPE: "SBC"}, start
+        ("fedqs-class-spread",), {**assignment.entries, FedQSKeys.TYPE: "SBC"}, start
     )
     contract = FlowerContract(
         {},
         {k: np.dtype(np.float32) for k in layout.names},
-        {r.name: r.mod for r in rule.client_rules},
+        {r.name: r.mod_hint() for r in rule.client_rules},
     )
     contract.sent(7, layout.flatten(start))
     plain = as_reply(seen_momentum([])(msg, CONTEXT))
@@ -283,7 +284,7 @@ def test_the_fedqs_mods_reply_passes_fedqs_checks_and_without_it_the_reply_names
     mod = fedstale.fedqs_mod(lambda: torch.nn.Linear(2, 3), lambda ctx: (x, y))
     reply = as_reply(mod(msg, CONTEXT, seen_momentum([])))
     update = contract.update(Arrival(task(7), 0, 0), reply, rule, layout)
-    assert update.signals[RuleKeys.FEDQS_SPREAD] == pytest.approx(class_spread(net, x, y))
+    assert update.signals[FedQSKeys.SPREAD] == pytest.approx(class_spread(net, x, y))
 
 
 @pytest.mark.usefixtures("in_a_clientapp")
@@ -301,8 +302,8 @@ def test_the_fedqs_mod_lets_other_messages_through_and_measures_only_sbc_tasks()
     assert len(calls) == 1 and dict(plain.content["config"]) == config
     assert set(reply.content["metrics"]) == {"num-examples"}
     fast = mod(fedqs_task("FBC", 30.0, lab_arrays(1.0)), CONTEXT, minus_lr)
-    assert fast.content["metrics"][RuleKeys.FEDQS_FLAG] == 1.0
-    assert fast.content["metrics"][RuleKeys.FEDQS_SPREAD] == -1.0
+    assert fast.content["metrics"][FedQSKeys.FLAG] == 1.0
+    assert fast.content["metrics"][FedQSKeys.SPREAD] == -1.0
 
 
 def test_fedqs_is_a_library_strategy() -> None:

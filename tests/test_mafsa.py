@@ -14,7 +14,7 @@ import pytest
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import ConfigError
 from fedstale.common.models import get_flat, set_flat
-from fedstale.common.schema import ARRAYS, STALE, RuleKeys, TaskSpec
+from fedstale.common.schema import ARRAYS, STALE, TaskSpec
 from fedstale.common.shares import client_data
 from fedstale.common.threads import limited
 from fedstale.common.training import local_train
@@ -155,9 +155,9 @@ def test_a_lost_task_is_a_drop_and_the_client_returns_with_its_stale_model() -> 
     # initial one; lr 0.1 * 0.5^(epochs so far + E * epochs per task) with 5 steps of 10
     # over 10 samples = 1 + 4 // 1 = 5 epochs per task
     assert tasks[b].entries == {
-        RuleKeys.MAFSA_OFFLINE: 1,
-        RuleKeys.MAFSA_STALE_LR: 0.1,
-        RuleKeys.MAFSA_LR_STEP: 0.5**5,
+        m.MAFSAKeys.OFFLINE: 1,
+        m.MAFSAKeys.STALE_LR: 0.1,
+        m.MAFSAKeys.LR_STEP: 0.5**5,
     }
     np.testing.assert_allclose(tasks[b].models[STALE], [0.0, 0.0])
     assert tasks[b].settings["lr"] == pytest.approx(0.1 * 0.5**5)
@@ -216,8 +216,8 @@ def test_a_returning_client_trains_its_stale_model_lazily() -> None:
     spec = TaskSpec(
         task_id=1, version=0, lr=0.05, local_epochs=1, batch_size=8, seed=11, returns="model",
         local_steps=3, rules=("mafsa-stale-training",),
-        extra={RuleKeys.MAFSA_OFFLINE: 2, RuleKeys.MAFSA_STALE_LR: 0.2,
-               RuleKeys.MAFSA_LR_STEP: 0.5},
+        extra={m.MAFSAKeys.OFFLINE: 2, m.MAFSAKeys.STALE_LR: 0.2,
+               m.MAFSAKeys.LR_STEP: 0.5},
     )  # fmt: skip
     _, _, sets = train_task(
         config, 1, spec.to_config(), layout.unflatten(start), {STALE: layout.unflatten(stale)}

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,10 +14,8 @@ import numpy as np
 import pytest
 
 from fedstale.launcher.deploy import CONNECTION
-from fedstale.launcher.launch import tool
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.base import View
-from tests.flower_procs import SimulationSuperLink
 from tests.helpers import rule_package, run_config, update
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -69,11 +66,6 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (folder / "median_buffer.py").write_text(MEDIAN_BUFFER)
     with rule_package(folder, "median_buffer:RULES", "median-buffer"):
         yield folder
-
-
-def with_package(folder: Path) -> dict[str, str]:
-    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
-    return {"PYTHONPATH": path}
 
 
 def test_the_package_rule_is_registered_checked_and_exported(package: Path) -> None:
@@ -138,26 +130,6 @@ def test_a_package_cannot_replace_a_library_class(
     ), said
 
 
-@pytest.mark.integration
-def test_fedstale_run_local_runs_the_package_rule(package: Path, tmp_path: Path) -> None:
-    command = [tool("fedstale"), "run", "--local", "--app", str(ROOT), "--run-config"]
-    command += [f"{RUN} strategy=median-buffer run-name=local runs-dir={tmp_path}"]
-    env = {**os.environ, **with_package(package)}
-    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_run(tmp_path / "local")
-    listed = subprocess.run(
-        [tool("fedstale"), "check", "--app", str(ROOT)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert listed.returncode == 0, listed.stderr[-2000:]
-    said = "fedstale: installed rule 'median-buffer' from median_buffer (median-scale=1.0)"
-    assert said in listed.stderr
-
-
 def check_run(folder: Path) -> None:
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["strategy"] == "median-buffer"
@@ -167,58 +139,147 @@ def check_run(folder: Path) -> None:
     )
 
 
+# ---------------------------------------------------------------- from a fresh virtualenv
+# The package as its author ships it: a project with an entry point, pip-installed into the
+# virtualenv that holds only torch and fedstale's wheel (tests/wheel_env.py, "newest"),
+# then run in the three doors from a directory outside the checkout.
+PROJECT = """[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "{dist}"
+version = "0.1"
+dependencies = ["fedstale"]
+
+[project.entry-points."fedstale.rules"]
+{dist} = "{module}:RULES"
+"""
+
+
+def write_project(root: Path, dist: str, source: str) -> Path:
+    module = dist.replace("-", "_")
+    (root / dist / module).mkdir(parents=True)
+    (root / dist / "pyproject.toml").write_text(PROJECT.format(dist=dist, module=module))
+    (root / dist / module / "__init__.py").write_text(source)
+    return root / dist
+
+
 @pytest.fixture(scope="module")
-def link(package: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulationSuperLink]:
-    """A simulation SuperLink whose processes (ServerApp, ClientApps) see the package;
-    started in a folder of its own, where the library's example writes its runs/."""
-    work = tmp_path_factory.mktemp("work")
-    here = Path.cwd()
-    os.chdir(work)
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The wheel's "newest" virtualenv with the package pip-installed (uninstalled after,
+    for the other tests that share the virtualenv); its bin folder."""
+    from tests.wheel_env import installed, run
+
+    bin_dir = installed()[1]["newest"]
+    root = tmp_path_factory.mktemp("projects")
+    run(
+        [bin_dir / "pip", "install", "-q", write_project(root, "median-buffer", MEDIAN_BUFFER)], 600
+    )
     try:
-        started = SimulationSuperLink(work / "home", **with_package(package)).start()
+        yield bin_dir
     finally:
-        os.chdir(here)
-    yield started
-    started.stop()
+        run([bin_dir / "pip", "uninstall", "-q", "-y", "median-buffer", "hijack"], 300)
 
 
 @pytest.mark.integration
-def test_flower_simulation_with_fedstale_app_runs_the_package_rule(
-    link: SimulationSuperLink, tmp_path: Path
+@pytest.mark.xdist_group("deployments")
+def test_from_a_fresh_venv_the_package_runs_locally_and_is_listed(
+    fresh: Path, tmp_path: Path
 ) -> None:
-    """With the package's own key: Flower accepts it only when the app names it, so
-    `fedstale run` hands Flower a copy of the app that declares it (launch.flower_app)."""
-    config = f"{RUN} strategy=median-buffer median-scale=0.5"
-    result, folder = link.run_app(ROOT, tmp_path, "sim", config, 420)
-    assert result.returncode == 0, result.stderr[-3000:]
-    check_run(folder)
-    assert json.loads((folder / "config.json").read_text())["median-scale"] == 0.5
+    from tests.wheel_env import elsewhere, run
+
+    here = elsewhere(tmp_path)
+    config = f"{RUN} strategy=median-buffer run-name=local"
+    run([fresh / "fedstale", "run", "--local", "--run-config", config], 300, here)
+    check_run(here / "runs" / "local")
+    listed = run([fresh / "fedstale", "check"], 120, here)
+    assert "fedstale: installed rule 'median-buffer' from median_buffer (median-scale=1.0)" in (
+        listed
+    )
+    bad = run([fresh / "fedstale", "check", "--run-config", "median-scale=-1"], 120, here, code=2)
+    assert bad.strip().count("\n") == 0, bad
+    assert "a key of rule 'median-buffer' (median_buffer): fix it with --run-config" in bad
 
 
 @pytest.mark.integration
-def test_the_library_offers_the_package_rule_over_a_plain_clientapp(
-    link: SimulationSuperLink, tmp_path: Path
+@pytest.mark.xdist_group("deployments")
+def test_from_a_fresh_venv_flower_simulation_takes_the_package_and_its_key(
+    fresh: Path, tmp_path: Path
 ) -> None:
-    """The quickstart's ServerApp with `from fedstale import MedianBuffer`."""
+    """fedstale's app in Flower simulation, with the package's own key: Flower accepts it
+    only when the app names it, so `fedstale run` hands Flower a copy of the app that
+    declares it (launch.flower_app)."""
+    from fedstale.launcher.ports import free_port
+    from tests.wheel_env import elsewhere, run
+
+    here = elsewhere(tmp_path)
+    ports = {
+        "FLWR_HOME": str(tmp_path / "flwr-home"),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+    }
+    config = f"{RUN} strategy=median-buffer median-scale=0.5 run-name=sim"
+    run([fresh / "fedstale", "run", "--run-config", config], 600, here, ports)
+    check_run(here / "runs" / "sim")
+    assert json.loads((here / "runs" / "sim" / "config.json").read_text())["median-scale"] == 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("deployments")
+def test_from_a_fresh_venv_the_library_offers_the_package_rule(fresh: Path, tmp_path: Path) -> None:
+    """The quickstart's ServerApp with `from fedstale import MedianBuffer`, run by that
+    virtualenv's `flwr run` on a simulation SuperLink of its own."""
     import shutil
 
+    from tests.flower_procs import _Deployment
+    from tests.wheel_env import elsewhere, run
+
+    here = elsewhere(tmp_path)
     app = tmp_path / QUICKSTART.name
     shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
     server = next(app.glob("*/server_app.py"))
     server.write_text(server.read_text().replace("FedBuff", "MedianBuffer"))
-    work = Path(link.link.home).parent
-    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
-    command = [tool("flwr"), "run", str(app), CONNECTION, "--stream"]
-    command += ["--run-config", "num-server-rounds=3"]
-    command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
-    result = subprocess.run(
-        command, env=link.env, capture_output=True, text=True, timeout=300, check=False
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    (run,) = set((work / "runs").iterdir()) - before
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["strategy"] == "median-buffer", (result.stdout + result.stderr)[-3000:]
+    link = _Deployment(tmp_path / "home", 0, simulation=True, bin_dir=fresh)
+    previous = Path.cwd()
+    os.chdir(here)  # the SuperLink's processes write the library's runs/ here
+    try:
+        link.start()
+    finally:
+        os.chdir(previous)
+    try:
+        command = [fresh / "flwr", "run", app, CONNECTION, "--stream"]
+        command += ["--run-config", "num-server-rounds=3"]
+        command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+        output = run(command, 300, here, {"FLWR_HOME": str(link.home)})
+    finally:
+        link.stop()
+    (folder,) = (here / "runs").iterdir()
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["strategy"] == "median-buffer", output[-3000:]
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("deployments")
+def test_from_a_fresh_venv_a_hijack_is_refused(fresh: Path, tmp_path: Path) -> None:
+    """A second installed package whose rule declares library="FedBuff": left out with one
+    line naming both, `fedstale.FedBuff` still fedstale's, the first package untouched."""
+    from tests.wheel_env import elsewhere, run
+
+    here = elsewhere(tmp_path)
+    hijack = MEDIAN_BUFFER.replace("median-buffer", "hijack").replace(
+        'library="MedianBuffer"', 'library="FedBuff"'
+    )
+    run([fresh / "pip", "install", "-q", write_project(tmp_path, "hijack", hijack)], 600)
+    code = "import fedstale; print(fedstale.FedBuff.rule, fedstale.MedianBuffer.rule)"
+    output = run([fresh / "python", "-c", code], 120, here)
+    said = [line for line in output.splitlines() if "hijack" in line]
+    assert len(said) == 1 and (
+        "rule 'hijack' of hijack left out: fedstale.FedBuff is rule 'fedbuff' of "
+        "fedstale.strategies.fedbuff's" in said[0]
+    ), output
+    assert output.strip().splitlines()[-1] == "fedbuff median-buffer"
 
 
 def test_a_rule_package_imports_only_the_public_authoring_module() -> None:

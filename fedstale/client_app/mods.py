@@ -34,9 +34,9 @@ from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from fedstale.common.models import output_width
 from fedstale.common.records import from_array_record, to_array_record
-from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, RuleKeys, TaskKeys, set_key
+from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, TaskKeys, set_key
 from fedstale.strategies.fedpsa import SensitivitySketch, sketch_signals
-from fedstale.strategies.fedqs import ClassSpread, class_spread, spread_signals
+from fedstale.strategies.fedqs import ClassSpread, FedQSKeys, class_spread, spread_signals
 from fedstale.strategies.mafsa import StaleTraining, stale_schedule
 
 
@@ -149,7 +149,7 @@ def fedqs_mod(model_fn: Callable[[], torch.nn.Module], data_fn: DataFn) -> Mod:
         momentum = config.get(TaskKeys.MOMENTUM, 0.0)
         as_set = float(momentum) if isinstance(momentum, int | float) else 0.0
         signals = spread_signals(dict(config), as_set, spread)
-        config[TaskKeys.MOMENTUM] = signals[RuleKeys.FEDQS_MOMENTUM]
+        config[TaskKeys.MOMENTUM] = signals[FedQSKeys.MOMENTUM]
         reply = call_next(msg, context)
         if not reply.has_error():
             add_metrics(reply, signals)

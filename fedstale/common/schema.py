@@ -92,21 +92,6 @@ class SignalKeys:
     UPDATE_NORM_SQ = "update-norm-sq"
 
 
-class RuleKeys:
-    """Task-config entries of the client-side rules other than FedPSA's."""
-
-    PACE_LAMBDA = "pace-lambda"  # PACE / pFedGraph: weight of lambda (1 - cos(w, w_start))
-    FEDQS_TYPE = "fedqs-type"  # FedQS: the client's type at dispatch ("" when unclassified)
-    FEDQS_M0 = "fedqs-m0"  # FedQS SBC: the momentum when its spread is narrow
-    FEDQS_SPREAD_LIMIT = "fedqs-spread-limit"  # FedQS SBC: spread (points) that flags it
-    FEDQS_FLAG = "fedqs-flag"  # reply: the task's feedback flag (0 / 1)
-    FEDQS_MOMENTUM = "fedqs-momentum"  # reply: the momentum the task trained with
-    FEDQS_SPREAD = "fedqs-spread"  # reply: the per-class accuracy spread (-1: not asked)
-    MAFSA_OFFLINE = "mafsa-offline"  # MAFSA: E_i, offline rounds to train the stale model
-    MAFSA_STALE_LR = "mafsa-stale-lr"  # MAFSA: lr of the first offline round
-    MAFSA_LR_STEP = "mafsa-lr-step"  # MAFSA: lr factor from one offline round to the next
-
-
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"
@@ -127,6 +112,18 @@ class ScoreKeys:
     ASK = "score-start"  # task config: 1 asks for the score
     ACCURACY = "start-accuracy"  # reply: the metric (accuracy) of the model as sent
     LOSS = "start-loss"  # reply: its mean loss
+
+
+def keys_of(holder: type) -> tuple[str, ...]:
+    """The key strings a class of key constants holds (its upper-case attributes)."""
+    return tuple(v for k, v in vars(holder).items() if k.isupper())
+
+
+def common_keys() -> frozenset[str]:
+    """The keys every task and reply may carry, whatever its rule: no rule's own key
+    (`Rule.wire`) may be one of them."""
+    held = (TaskKeys, ReplyKeys, ScoreKeys)
+    return frozenset({k for h in held for k in keys_of(h)} | {ASSIGNED_PARTITION, CLIPPING_NORM})
 
 
 class InvalidReply(ValueError):

@@ -243,7 +243,7 @@ class AsyncStrategy(FlowerStrategy):
         return door.result
 
     def hints(self) -> dict[str, str]:
-        return {rule.name: rule.mod for rule in STRATEGIES[self.rule].client_rules}
+        return {rule.name: rule.mod_hint() for rule in STRATEGIES[self.rule].client_rules}
 
     def evaluate_clients(
         self, grid: Grid, version: int, result: Result, config: ConfigRecord, timeout: float

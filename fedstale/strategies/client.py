@@ -72,14 +72,26 @@ class LocalTask:
 
 class ClientRule:
     name: ClassVar[str]  # what a task calls the rule
-    # What a Flower ClientApp adds to run this rule's client half (a mod); empty where
-    # only fedstale's own ClientApp has it.
+    # This client half in any Flower ClientApp: the mod that runs it, as
+    # "module:function(arguments)" ("": only fedstale's own ClientApp has it). `fedstale`
+    # exports the function under its name; a ClientApp that lacks it is told the call.
     mod: ClassVar[str] = ""
     # Whether a task running this rule can train in a cohort (trainer=cohort): its hooks
     # leave local training as the task's spec says (they may change the spec in `before`,
     # add loss terms with a batched form, fedstale/common/cohort.py BatchedTerm, or train
     # further in `after`, which stays per task).
     in_cohorts: ClassVar[bool] = False
+
+    @classmethod
+    def mod_function(cls) -> tuple[str, str]:
+        """(module, function) of the declared mod; ("", "") where there is none."""
+        module, _, call = cls.mod.partition(":")
+        return module, call.partition("(")[0]
+
+    @classmethod
+    def mod_hint(cls) -> str:
+        """What a ClientApp that lacks this half adds to its mods."""
+        return f"add fedstale.{cls.mod.partition(':')[2]} to your ClientApp's mods"
 
     def before(self, task: LocalTask) -> None:
         """Called with the start model loaded, before local training."""

@@ -91,7 +91,7 @@ class SensitivitySketch(ClientRule):
 
     name = "fedpsa-sketch"
     in_cohorts = True  # the sketch reads the trained model: training itself is plain
-    mod = "add fedstale.fedpsa_mod(model_fn, input_shape) to your ClientApp's mods"
+    mod = "fedstale.client_app.mods:fedpsa_mod(model_fn, input_shape)"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
         task.signals.update(
@@ -305,7 +305,6 @@ RULES = (
     the ClientApp.""",
         wire=tuple(v for k, v in vars(SignalKeys).items() if k.isupper()),
         labels="its sensitivity sketches are cross-entropy gradients",
-        mod="fedstale.client_app.mods:fedpsa_mod",
         dp=Release(CONVEX),  # softmax weights from the clients' sketches: S = 2 step C
     ),
 )

@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 
 from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, RuleKeys, SignalSpec
+from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     Assignment,
     InFlight,
@@ -271,6 +271,17 @@ SAMPLES_PER_CLASS = 20  # the spread looks at up to this many samples of each cl
 FEW = 10  # a class with fewer samples counts half
 
 
+class FedQSKeys:
+    """What FedQS adds to the wire: task-config entries, then reply metrics."""
+
+    TYPE = "fedqs-type"  # the client's type at dispatch ("" when unclassified)
+    M0 = "fedqs-m0"  # SBC: the momentum when its spread is narrow
+    SPREAD_LIMIT = "fedqs-spread-limit"  # SBC: the spread (points) that flags it
+    FLAG = "fedqs-flag"  # reply: the task's feedback flag (0 / 1)
+    MOMENTUM = "fedqs-momentum"  # reply: the momentum the task trained with
+    SPREAD = "fedqs-spread"  # reply: the per-class accuracy spread (-1: not asked)
+
+
 def class_spread(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """max - min, in points, of `model`'s per-class accuracy on up to 20 samples of each
     class in (x, y) (halved for a class with fewer than 10)."""
@@ -295,15 +306,15 @@ def spread_signals(
     task's; `spread()`: the received model's class spread, measured for an SBC task only
     (a wide one turns momentum off and raises the flag). ClassSpread and
     fedstale.fedqs_mod both use it."""
-    kind = str(entries.get(RuleKeys.FEDQS_TYPE, ""))
-    signals = {RuleKeys.FEDQS_FLAG: 1.0 if kind == FBC else 0.0, RuleKeys.FEDQS_SPREAD: -1.0}
+    kind = str(entries.get(FedQSKeys.TYPE, ""))
+    signals = {FedQSKeys.FLAG: 1.0 if kind == FBC else 0.0, FedQSKeys.SPREAD: -1.0}
     if kind == SBC:
         measured = spread()
-        wide = measured >= float(entries[RuleKeys.FEDQS_SPREAD_LIMIT])
-        momentum = 0.0 if wide else float(entries[RuleKeys.FEDQS_M0])
-        signals[RuleKeys.FEDQS_FLAG] = float(wide)
-        signals[RuleKeys.FEDQS_SPREAD] = measured
-    signals[RuleKeys.FEDQS_MOMENTUM] = float(momentum)
+        wide = measured >= float(entries[FedQSKeys.SPREAD_LIMIT])
+        momentum = 0.0 if wide else float(entries[FedQSKeys.M0])
+        signals[FedQSKeys.FLAG] = float(wide)
+        signals[FedQSKeys.SPREAD] = measured
+    signals[FedQSKeys.MOMENTUM] = float(momentum)
     return signals
 
 
@@ -315,14 +326,14 @@ class ClassSpread(ClientRule):
 
     name = "fedqs-class-spread"
     in_cohorts = True  # it sets the task's momentum, which cohorts train per member
-    mod = "add fedstale.fedqs_mod(model_fn, data_fn) to your ClientApp's mods"
+    mod = "fedstale.client_app.mods:fedqs_mod(model_fn, data_fn)"
 
     def before(self, task: LocalTask) -> None:
         def spread() -> float:
             return class_spread(task.model, task.x, task.y)
 
         signals = spread_signals(task.spec.extra, task.spec.momentum, spread)
-        task.spec = replace(task.spec, momentum=signals[RuleKeys.FEDQS_MOMENTUM])
+        task.spec = replace(task.spec, momentum=signals[FedQSKeys.MOMENTUM])
         task.signals.update(signals)
 
 
@@ -404,9 +415,9 @@ class FedQSSGD(KFifo[FedQSParams]):
         if self.returns == RETURN_MODEL:
             self.started_from[client] = self.model
         entries = {
-            RuleKeys.FEDQS_TYPE: kind,
-            RuleKeys.FEDQS_M0: 0.0 if p.fedqs_ablation == "no-momentum" else p.fedqs_m0,
-            RuleKeys.FEDQS_SPREAD_LIMIT: p.fedqs_spread_limit,
+            FedQSKeys.TYPE: kind,
+            FedQSKeys.M0: 0.0 if p.fedqs_ablation == "no-momentum" else p.fedqs_m0,
+            FedQSKeys.SPREAD_LIMIT: p.fedqs_spread_limit,
         }
         settings = {"lr": float(self.lr[client]), "momentum": momentum}
         return Assignment(client, {ARRAYS: self.model}, entries, settings)
@@ -422,18 +433,18 @@ class FedQSSGD(KFifo[FedQSParams]):
     # ------------------------------------------------------------ replies
     def signals(self) -> dict[str, SignalSpec]:
         return {
-            RuleKeys.FEDQS_FLAG: SignalSpec(),
-            RuleKeys.FEDQS_MOMENTUM: SignalSpec(),
-            RuleKeys.FEDQS_SPREAD: SignalSpec(),
+            FedQSKeys.FLAG: SignalSpec(),
+            FedQSKeys.MOMENTUM: SignalSpec(),
+            FedQSKeys.SPREAD: SignalSpec(),
         }
 
     def validate(self, update: Update) -> None:
         sent = self.pending.get(update.client)
         if sent is None:
             raise InvalidReply(f"no FedQS task of client {update.client} is in flight")
-        flag = update.signals[RuleKeys.FEDQS_FLAG]
+        flag = update.signals[FedQSKeys.FLAG]
         if flag not in (0.0, 1.0):
-            raise InvalidReply(f"'{RuleKeys.FEDQS_FLAG}' is {flag}, not 0 or 1")
+            raise InvalidReply(f"'{FedQSKeys.FLAG}' is {flag}, not 0 or 1")
         if sent.kind != SBC and bool(flag) != sent.flag:
             raise InvalidReply(
                 f"the flag of a {sent.kind or 'unclassified'} task is the server's "
@@ -447,8 +458,8 @@ class FedQSSGD(KFifo[FedQSParams]):
             delta = update.vector - self.started_from.pop(update.client)
         self.last_delta[update.client] = delta
         self.examples[update.client] = update.num_examples
-        flag = bool(update.signals[RuleKeys.FEDQS_FLAG])
-        momentum = float(update.signals[RuleKeys.FEDQS_MOMENTUM])
+        flag = bool(update.signals[FedQSKeys.FLAG])
+        momentum = float(update.signals[FedQSKeys.MOMENTUM])
         if sent.kind == SBC:
             self.momentum[update.client] = momentum
         return Queued(sent.kind, sent.theta, flag, sent.lr, momentum, update)
@@ -486,7 +497,7 @@ class FedQSAvg(FedQSSGD):
     returns = RETURN_MODEL
 
 
-FEDQS_WIRE = tuple(v for k, v in vars(RuleKeys).items() if k.startswith("FEDQS_"))
+FEDQS_WIRE = keys_of(FedQSKeys)
 FEDQS_LABELS = "its clients score per-class accuracy"
 FEDQS_NO_DP = (
     "its weights and each client's learning rate follow the updates' own directions "
@@ -517,7 +528,6 @@ RULES = (
         no_dp=FEDQS_NO_DP,
         wire=FEDQS_WIRE,
         labels=FEDQS_LABELS,
-        mod="fedstale.client_app.mods:fedqs_mod",
     ),
     Rule(
         FedQSAvg,
@@ -526,6 +536,5 @@ RULES = (
         no_dp=FEDQS_NO_DP,
         wire=FEDQS_WIRE,
         labels=FEDQS_LABELS,
-        mod="fedstale.client_app.mods:fedqs_mod",
     ),
 )

@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field, field_validator
 
 from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.schema import ARRAYS, RETURN_MODEL, STALE, RuleKeys
+from fedstale.common.schema import ARRAYS, RETURN_MODEL, STALE
 from fedstale.strategies.base import (
     Assignment,
     InFlight,
@@ -261,11 +261,7 @@ class Hierarchy(Strategy[HierarchyParams], Topology):
         entries: dict[str, Any] = {}
         if offline:
             models[STALE] = self.last_local(client)
-            entries = {
-                RuleKeys.MAFSA_OFFLINE: offline,
-                RuleKeys.MAFSA_STALE_LR: run.lr * run.lr_decay**done,
-                RuleKeys.MAFSA_LR_STEP: run.lr_decay**per_task,
-            }
+            entries = self.offline_entries(offline, done, per_task)
         lr = run.lr * run.lr_decay ** (done + offline * per_task)
         # a returning client sends its stale model back trained beside the edge model's
         returned = (STALE,) if offline else ()
@@ -273,6 +269,11 @@ class Hierarchy(Strategy[HierarchyParams], Topology):
 
     def last_local(self, client: int) -> np.ndarray:
         return self.model
+
+    def offline_entries(self, offline: int, epochs_done: int, per_task: int) -> dict[str, Any]:
+        """The task entries that send a returning client's offline work (a rule that reuses
+        stale models declares them)."""
+        raise NotImplementedError(f"{self.name} reuses no stale model")
 
     # ------------------------------------------------------------ replies
     def on_update(self, update: Update, view: View) -> Outcome:

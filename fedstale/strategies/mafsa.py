@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from fedstale.common.models import get_flat, set_flat
-from fedstale.common.schema import STALE, RuleKeys
+from fedstale.common.schema import STALE, keys_of
 from fedstale.strategies.base import Update
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.hierarchy import Hierarchy
@@ -40,15 +40,24 @@ def cloud_step(
 # ---------------------------------------------------------------- the client half
 
 
+class MAFSAKeys:
+    """What MAFSA adds to a returning client's task config (its stale model goes as the
+    named array set `stale`, and comes back under the same name)."""
+
+    OFFLINE = "mafsa-offline"  # E_i, the offline rounds to train the stale model through
+    STALE_LR = "mafsa-stale-lr"  # the lr of the first offline round
+    LR_STEP = "mafsa-lr-step"  # the lr factor from one offline round to the next
+
+
 def stale_schedule(extra: Mapping[str, Any], seed: int) -> list[tuple[float, int]]:
     """(lr, seed) of each of the E_i offline rounds a returning client trains its stale
     model through (Alg. 2): lr = mafsa-stale-lr * mafsa-lr-step^round, seed = the task's
     seed + 1 + round; none for a task without offline rounds. StaleTraining and
     fedstale.mafsa_mod both train by it."""
-    rounds = int(extra.get(RuleKeys.MAFSA_OFFLINE, 0))
+    rounds = int(extra.get(MAFSAKeys.OFFLINE, 0))
     if rounds <= 0:
         return []
-    lr, step = float(extra[RuleKeys.MAFSA_STALE_LR]), float(extra[RuleKeys.MAFSA_LR_STEP])
+    lr, step = float(extra[MAFSAKeys.STALE_LR]), float(extra[MAFSAKeys.LR_STEP])
     return [(lr * step**offline_round, seed + 1 + offline_round) for offline_round in range(rounds)]
 
 
@@ -60,7 +69,7 @@ class StaleTraining(ClientRule):
 
     name = "mafsa-stale-training"
     in_cohorts = True  # the fresh model trains in the cohort, the offline rounds after it
-    mod = "add fedstale.mafsa_mod() to your ClientApp's mods"
+    mod = "fedstale.client_app.mods:mafsa_mod()"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
         schedule = stale_schedule(task.spec.extra, task.spec.seed)
@@ -92,6 +101,14 @@ class MAFSA(Hierarchy):
     def last_local(self, client: int) -> np.ndarray:
         return self.local.get(client, self.initial)
 
+    def offline_entries(self, offline: int, epochs_done: int, per_task: int) -> dict[str, Any]:
+        run = self.run
+        return {
+            MAFSAKeys.OFFLINE: offline,
+            MAFSAKeys.STALE_LR: run.lr * run.lr_decay**epochs_done,
+            MAFSAKeys.LR_STEP: run.lr_decay**per_task,
+        }
+
     def returned(self, update: Update, offline: int) -> None:
         super().returned(update, offline)
         self.local[update.client] = update.vector
@@ -114,8 +131,7 @@ RULES = (
     edge upload, and the stale models of clients back from dropping out (`dropout_rate`)
     reused. Needs fedstale.mafsa_mod() in the ClientApp. Client sizes are unknown here:
     rho_k, an edge's share of the data, is its share of the clients.""",
-        wire=tuple(v for k, v in vars(RuleKeys).items() if k.startswith("MAFSA_")),
-        mod="fedstale.client_app.mods:mafsa_mod",
+        wire=keys_of(MAFSAKeys),
         no_dp="edge models are re-released at every cloud step and stale client models "
         "reused (a hierarchy of releases not worked out)",
     ),

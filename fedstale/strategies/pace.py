@@ -41,7 +41,7 @@ import torch
 from pydantic import Field
 
 from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.schema import ARRAYS, RETURN_MODEL, RuleKeys
+from fedstale.common.schema import ARRAYS, RETURN_MODEL, keys_of
 from fedstale.strategies.base import (
     Assignment,
     Outcome,
@@ -111,6 +111,12 @@ def multicast_group(stalenesses: list[tuple[int, int, int]], omega: float) -> li
 # ---------------------------------------------------------------- the client half
 
 
+class PaceKeys:
+    """What PACE and pFedGraph-Async add to the wire."""
+
+    LAMBDA = "pace-lambda"  # task config: the weight of lambda (1 - cos(w, w_start))
+
+
 class CosineToStart(ClientRule):
     """PACE and pFedGraph (eq. 4): the objective adds lambda (1 - cos(w, w_start)) over all
     parameters, w_start the model the task started from."""
@@ -119,7 +125,7 @@ class CosineToStart(ClientRule):
     in_cohorts = True  # its term has a batched form
 
     def before(self, task: LocalTask) -> None:
-        weight = float(task.spec.extra.get(RuleKeys.PACE_LAMBDA, 0.0))
+        weight = float(task.spec.extra.get(PaceKeys.LAMBDA, 0.0))
         if weight == 0:
             return
         params = list(task.model.state_dict(keep_vars=True).values())  # the layout's order
@@ -220,7 +226,7 @@ class PACE(Strategy[PACEParams], PerClientModels):
         return Assignment(
             client,
             {ARRAYS: self.model_for(client)},
-            {RuleKeys.PACE_LAMBDA: float(params.pace_lambda)},
+            {PaceKeys.LAMBDA: float(params.pace_lambda)},
             {"momentum": params.pace_momentum, "weight_decay": params.pace_weight_decay},
         )
 
@@ -303,7 +309,7 @@ class PFedGraphAsync(PACE):
         return "naive"
 
 
-WIRE = (RuleKeys.PACE_LAMBDA,)
+WIRE = keys_of(PaceKeys)
 PER_CLIENT = "it keeps one model per client, each released to its client"
 RULES = (
     Rule(PACE, wire=WIRE, no_dp=PER_CLIENT),

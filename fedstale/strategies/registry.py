@@ -76,7 +76,7 @@ def from_packages() -> list[Rule]:
 @cache
 def declarations() -> dict[str, Rule]:
     """Every rule by name: fedstale's own, then the packages'. A package's rule whose name,
-    library class or mod name is taken is left out with one warning line naming both: a
+    library class, mod or a wire key is taken is left out with one warning line naming both: a
     package cannot silently replace `fedstale.FedBuff`."""
     modules = [import_module(f"fedstale.strategies.{name}") for name in BUILT_IN]
     by_name = {r.name: r for module in modules for r in declared(module, module.__name__)}
@@ -91,20 +91,25 @@ def declarations() -> dict[str, Rule]:
 
 def exported_names(rule: Rule) -> set[str]:
     """The names a rule adds to `fedstale`: its library class and its client half's mod."""
-    names = {rule.library} if rule.library else set()
-    if rule.mod:
-        names.add(rule.mod.partition(":")[2])
-    return names
+    return ({rule.library} if rule.library else set()) | set(rule.mods)
 
 
 def name_taken(rule: Rule, others: Iterable[Rule]) -> str | None:
-    """Why `rule` cannot join `others`: its name, library class or mod is already theirs."""
+    """Why `rule` cannot join `others`: its name, library class, mod or a wire key is
+    already theirs (the rules of one file may share their mod and wire keys)."""
     for other in others:
         if other.name == rule.name:
             return f"{other.strategy.__module__} has that name"
+        if other.library and other.library == rule.library:
+            return f"fedstale.{rule.library} is {describe(other)}'s"
+        if other.strategy.__module__ == rule.strategy.__module__:
+            continue
         shared = sorted(exported_names(rule) & exported_names(other))
         if shared:
             return f"fedstale.{shared[0]} is {describe(other)}'s"
+        keys = sorted(set(rule.wire) & set(other.wire))
+        if keys:
+            return f"wire key '{keys[0]}' is {describe(other)}'s"
     return None
 
 

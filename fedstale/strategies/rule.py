@@ -6,10 +6,11 @@ Each rule's file ends with its `RULES`, one `Rule` a rule:
 
 and everything else is derived from the declarations (fedstale/strategies/registry.py):
 the registry by name, the run-config keys checked (the strategy's `Params`), the client
-rules fedstale's ClientApp runs (`Strategy.client_rules`) and the hint naming the Flower mod
-a ClientApp lacks (`ClientRule.mod`), the library classes `fedstale.<library>` and their
-docstrings, the exports of the mods, which rules need class labels, and which take a
-topology (nodes that name an edge; every client training at once).
+rules fedstale's ClientApp runs (`Strategy.client_rules`), the Flower mods `fedstale`
+exports and the hint naming the one a ClientApp lacks (each client rule's `mod`), the library
+classes `fedstale.<library>` and their docstrings, which rules need class labels, which take
+a topology (nodes that name an edge; every client training at once), and the wire keys no
+other rule may reuse (`wire`).
 
 A rule from another installed package declares the same in its own module and names it
 under the entry point group `fedstale.rules` (docs/architecture.md):
@@ -20,11 +21,15 @@ under the entry point group `fedstale.rules` (docs/architecture.md):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from fedstale.common.schema import common_keys
 from fedstale.strategies.base import PerClientModels, ServerModel, Strategy, Topology
 from fedstale.strategies.client import ClientRule
 from fedstale.strategies.privacy import Release
+
+MOD_CALL = re.compile(r"[\w.]+:\w+\([^()]*\)")
 
 
 @dataclass(frozen=True)
@@ -33,10 +38,9 @@ class Rule:
     `library`: the class name under which `fedstale` offers it as a Flower strategy ("":
     only in fedstale's own app, e.g. a client half that has no Flower mod).
     `about`: that class's docstring (the paper, the rule in one line, what it needs).
-    `wire`: the task-config entries and reply metrics it adds to the wire format.
+    `wire`: the task-config entries and reply metrics it adds to the wire format; none may
+    be a common key, nor another file's rule's (a package's rule that takes one is left out).
     `labels`: why it needs cross-entropy on class labels ("": it does not).
-    `mod`: its client half's Flower mod, as `module:function`, if it has one; `fedstale`
-    exports it under the function's name.
     `dp`: how it releases a model under central differential privacy (the sensitivity of
     one release, fedstale/strategies/privacy.py); None: it cannot take DP, `no_dp` says
     why (docs/privacy.md)."""
@@ -46,7 +50,6 @@ class Rule:
     about: str = ""
     wire: tuple[str, ...] = ()
     labels: str = ""
-    mod: str = ""
     dp: Release | None = None
     no_dp: str = ""
 
@@ -57,6 +60,15 @@ class Rule:
     @property
     def client_rules(self) -> tuple[ClientRule, ...]:
         return self.strategy.client_rules
+
+    @property
+    def mods(self) -> dict[str, str]:
+        """The Flower mods of its client halves: function name -> module."""
+        return {
+            function: module
+            for module, function in (r.mod_function() for r in self.client_rules)
+            if function
+        }
 
     @property
     def per_client_models(self) -> bool:
@@ -83,8 +95,15 @@ class Rule:
             raise TypeError(f"{self.strategy.__name__} has no `name`")
         if self.library and not self.library.isidentifier():
             raise TypeError(f"{self.name}: library name '{self.library}' is not a class name")
-        if self.mod and ":" not in self.mod:
-            raise TypeError(f"{self.name}: mod '{self.mod}' is not 'module:function'")
+        for client_rule in self.client_rules:
+            if client_rule.mod and not MOD_CALL.fullmatch(client_rule.mod):
+                raise TypeError(
+                    f"{self.name}: mod '{client_rule.mod}' of {client_rule.name} is not "
+                    "'module:function(arguments)'"
+                )
+        shadowed = sorted(set(self.wire) & common_keys())
+        if shadowed:
+            raise TypeError(f"{self.name}: wire key '{shadowed[0]}' is one every task carries")
         if self.dp is not None and self.no_dp:
             raise TypeError(f"{self.name}: declares both `dp` and why it has none (`no_dp`)")
         missing = [r.name for r in self.client_rules if self.library and not r.mod]
