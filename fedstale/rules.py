@@ -23,14 +23,18 @@ and its entry point, `[project.entry-points."fedstale.rules"] median-buffer =
   `params`); `Update` (one client's delta, its staleness and metrics), `View` (what the
   engine knows when an update arrives), `Outcome` (whether the model changed and the rows
   recorded), `update_record` (one such row).
-- `Rule`: the declaration; `ClientRule` a client half (its `LocalTask`: the client's
-  training, where it adds signals); `SignalSpec` a signal the server checks on every reply,
+- `Rule`: the declaration (`wire=keys_of(MyKeys)`: the task entries and reply metrics the
+  rule adds, a class of string constants in its file); `ClientRule` a client half (its
+  `LocalTask`: the client's training, where it adds signals; its `mod`, the Flower mod that
+  runs it in any ClientApp, as "module:function(arguments)"); `SignalSpec` a signal the
+  server checks on every reply,
   `InvalidReply` what a rule's `validate` raises to reject one; `Release` how a rule's model
   is released under central DP (with `LINEAR`, `CONVEX`).
 - Helpers of the built-in rules: `Buffer` (K updates, then a batch), `Staleness` (the
   staleness weights s(tau)), `step_scale` (the server learning-rate schedule), `mean_model`.
 - Capabilities a rule may declare by subclassing: `PerClientModels`, `Topology`,
-  `ServerModel` (with the `ModelServices` it is bound).
+  `ServerModel` (with the `ModelServices` it is bound: the run's model as a `TorchModel`,
+  the server's held-out samples).
 - `KebabModel`: the base of a rule's `Params` (snake_case fields are kebab-case keys);
   `RunConfig` the run's shared settings; `ConfigError` what a refused setting raises.
 
@@ -40,7 +44,7 @@ These names are kept stable; the modules they live in are not a public interface
 from __future__ import annotations
 
 from fedstale.common.config import ConfigError, KebabModel, RunConfig
-from fedstale.common.schema import InvalidReply, SignalSpec
+from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     ModelServices,
     Outcome,
@@ -48,6 +52,7 @@ from fedstale.strategies.base import (
     ServerModel,
     Strategy,
     Topology,
+    TorchModel,
     Update,
     View,
     mean_model,
@@ -80,8 +85,10 @@ __all__ = [
     "Staleness",
     "Strategy",
     "Topology",
+    "TorchModel",
     "Update",
     "View",
+    "keys_of",
     "mean_model",
     "step_scale",
     "update_record",

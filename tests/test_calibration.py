@@ -9,14 +9,19 @@ import torch
 
 import fedstale.common.calibration as calibration
 from bench.kappa_alignment import analyse, binned, correlations
+from fedstale.common import federation
 from fedstale.common.calibration import MissingCalibration, decode, encode, real_batch
 from fedstale.common.config import ConfigError
 from fedstale.common.models import build_model, get_flat, set_flat
-from fedstale.common.schema import SignalKeys
-from fedstale.common.sensitivity import loss_gradient, sketch_for_task
-from fedstale.server_app.experiment import diagnostic_batch
+from fedstale.common.sensitivity import loss_gradient
 from fedstale.strategies.base import Update, View
-from fedstale.strategies.fedpsa import FedPSA, FedPSAParams
+from fedstale.strategies.fedpsa import (
+    FedPSA,
+    FedPSAKeys,
+    FedPSAParams,
+    diagnostic_batch,
+    sketch_for_task,
+)
 from tests.helpers import bind_server, run_config
 
 SHAPE = (1, 8, 8)
@@ -42,12 +47,12 @@ def test_real_batch_is_sent_once_kept_on_disk_and_resent_when_lost(
     forget_held(monkeypatch)
     strategy = digits_fedpsa(fedpsa_calib_source="real", fedpsa_calib_size=16)
     first = strategy.task_extra(3)
-    payload = first[SignalKeys.CALIB_X]
+    payload = first[FedPSAKeys.CALIB_X]
     assert isinstance(payload, bytes) and len(payload) == 16 * 64 * 4  # float32 8x8 images
     strategy.on_dispatch(3)
     later = strategy.task_extra(3)
-    assert SignalKeys.CALIB_X not in later
-    assert later[SignalKeys.CALIB_DIGEST] == first[SignalKeys.CALIB_DIGEST]
+    assert FedPSAKeys.CALIB_X not in later
+    assert later[FedPSAKeys.CALIB_DIGEST] == first[FedPSAKeys.CALIB_DIGEST]
 
     model = build_model("mlp", SHAPE, 10, seed=5)
     flat = get_flat(model)
@@ -63,7 +68,7 @@ def test_real_batch_is_sent_once_kept_on_disk_and_resent_when_lost(
     with pytest.raises(MissingCalibration, match="sends it again"):
         sketch_for_task(model, later, SHAPE, 10)
     strategy.on_task_lost(3)  # the error reply retires the task: the next one carries it
-    assert SignalKeys.CALIB_X in strategy.task_extra(3)
+    assert FedPSAKeys.CALIB_X in strategy.task_extra(3)
 
 
 def test_real_and_gaussian_batches_give_different_kappas_of_the_same_model(
@@ -75,8 +80,8 @@ def test_real_and_gaussian_batches_give_different_kappas_of_the_same_model(
     flat = get_flat(build_model("mlp", SHAPE, 10, seed=5))
     assert real.sketch_global is not None and gaussian.sketch_global is not None
     assert not np.allclose(real.sketch_global(flat), gaussian.sketch_global(flat))
-    assert gaussian.task_extra(0)[SignalKeys.CALIB_SOURCE] == "gaussian"
-    assert SignalKeys.CALIB_X not in gaussian.task_extra(0)
+    assert gaussian.task_extra(0)[FedPSAKeys.CALIB_SOURCE] == "gaussian"
+    assert FedPSAKeys.CALIB_X not in gaussian.task_extra(0)
 
 
 def test_a_real_batch_larger_than_the_test_split_is_one_config_line() -> None:
@@ -95,15 +100,15 @@ def test_real_batch_is_deterministic_distinct_and_checked() -> None:
     with pytest.raises(ValueError, match="exceeds"):
         real_batch(x_pool, y_pool, seed=1, size=21)
 
-    entries = {**encode((x, y)), SignalKeys.CALIB_SIZE: 8}
-    decoded = decode(entries, (1, 2))
+    raw_x, raw_y, named = encode((x, y))
+    decoded = decode(raw_x, raw_y, 8, named, (1, 2))
     assert torch.equal(decoded[0], x) and torch.equal(decoded[1], y)
     with pytest.raises(ValueError, match="do not hold"):
-        decode({**entries, SignalKeys.CALIB_SIZE: 7}, (1, 2))
-    tampered = bytearray(entries[SignalKeys.CALIB_X])
+        decode(raw_x, raw_y, 7, named, (1, 2))
+    tampered = bytearray(raw_x)
     tampered[0] ^= 0xFF
     with pytest.raises(ValueError, match="digest"):
-        decode({**entries, SignalKeys.CALIB_X: bytes(tampered)}, (1, 2))
+        decode(bytes(tampered), raw_y, 8, named, (1, 2))
 
 
 def psa_update(version: int, delta: np.ndarray, task: int, base: int) -> Update:
@@ -115,8 +120,8 @@ def psa_update(version: int, delta: np.ndarray, task: int, base: int) -> Update:
         num_examples=1,
         vector=delta.astype(np.float32),
         signals={
-            SignalKeys.SKETCH: np.ones(16),
-            SignalKeys.UPDATE_NORM_SQ: float(np.dot(delta, delta)),
+            FedPSAKeys.SKETCH: np.ones(16),
+            FedPSAKeys.UPDATE_NORM_SQ: float(np.dot(delta, delta)),
         },
     )
 
@@ -133,7 +138,7 @@ def test_diagnostic_alignment_equals_eq22_by_hand() -> None:
     second = strategy.on_update(psa_update(1, deltas[3], 3, 0), View(version=1))  # stale: base 0
 
     run = strategy.run
-    x, y = diagnostic_batch(run)
+    x, y = diagnostic_batch(*federation.test_data(run), run.seed)
     model = build_model(run.model_name, SHAPE, 10, run.seed)
 
     def gradient(flat: np.ndarray) -> torch.Tensor:

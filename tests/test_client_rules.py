@@ -12,7 +12,7 @@ import torch
 import fedstale.common.training as training
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.models import build_model, get_flat
-from fedstale.common.schema import ReplyKeys, ScoreKeys, SignalKeys, SignalSpec, TaskSpec
+from fedstale.common.schema import ReplyKeys, ScoreKeys, SignalSpec, TaskSpec
 from fedstale.common.training import Optimiser, local_train
 from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
@@ -20,6 +20,7 @@ from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.base import Outcome, Update, View, update_record
 from fedstale.strategies.client import ClientRule, LocalTask, UnknownClientRule
 from fedstale.strategies.fedbuff import FedBuff
+from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.registry import STRATEGIES, load_config
 from fedstale.strategies.rule import Rule
 from tests.helpers import rule_package, run_config
@@ -121,22 +122,22 @@ def test_fedpsa_sketch_comes_from_its_client_rule() -> None:
     cfg = run_config(dataset="digits", strategy="fedpsa")
     model, layout = client_model(cfg)
     extra = {
-        SignalKeys.SKETCH_K: 4,
-        SignalKeys.SKETCH_SEED: 0,
-        SignalKeys.SKETCH_OF: "sensitivity",
-        SignalKeys.CALIB_SIZE: 8,
-        SignalKeys.CALIB_SEED: 0,
-        SignalKeys.CALIB_SOURCE: "gaussian",
+        FedPSAKeys.SKETCH_K: 4,
+        FedPSAKeys.SKETCH_SEED: 0,
+        FedPSAKeys.SKETCH_OF: "sensitivity",
+        FedPSAKeys.CALIB_SIZE: 8,
+        FedPSAKeys.CALIB_SEED: 0,
+        FedPSAKeys.CALIB_SOURCE: "gaussian",
     }
     spec = TaskSpec(0, 0, lr=0.1, local_epochs=1, batch_size=16, seed=0, rules=("fedpsa-sketch",))
     config = {**spec.to_config(), **extra}
     metrics, delta, sets = train_task(cfg, 0, config, layout.unflatten(get_flat(model)))
-    assert len(metrics[SignalKeys.SKETCH]) == 4 and sets == {}
+    assert len(metrics[FedPSAKeys.SKETCH]) == 4 and sets == {}
     norm = sum(float(np.dot(v.ravel().astype(np.float64), v.ravel())) for v in delta.values())
-    assert metrics[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(norm, rel=1e-6)
+    assert metrics[FedPSAKeys.UPDATE_NORM_SQ] == pytest.approx(norm, rel=1e-6)
     plain = {**config, "client-rules": ""}  # what a FedBuff task names: no rule
     metrics, _, _ = train_task(cfg, 0, plain, layout.unflatten(get_flat(model)))
-    assert SignalKeys.SKETCH not in metrics
+    assert FedPSAKeys.SKETCH not in metrics
 
 
 def data() -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,20 +11,19 @@ from torch import nn
 
 from fedstale.common.calibration import gaussian_batch
 from fedstale.common.models import build_model, get_flat, set_flat
-from fedstale.common.schema import InvalidReply, SignalKeys
+from fedstale.common.schema import InvalidReply
 from fedstale.common.sensitivity import (
     SKETCH_BLOCK,
     _block_seed,
     sensitivity,
     sketch,
-    sketch_for_task,
     vmap_sensitivity,
 )
 from fedstale.strategies.base import NoParams, Update, View, step_scale
 from fedstale.strategies.ca2fl import CA2FL, CA2FLParams
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.fedfa import FedFa
-from fedstale.strategies.fedpsa import FedPSA, FedPSAParams, cosine
+from fedstale.strategies.fedpsa import FedPSA, FedPSAKeys, FedPSAParams, cosine, sketch_for_task
 from tests.helpers import V0, bind_server, run_config, update
 
 
@@ -40,7 +39,7 @@ def psa_update(
         staleness=0,
         num_examples=1,
         vector=vector,
-        signals={SignalKeys.SKETCH: np.asarray(sketch_vec), SignalKeys.UPDATE_NORM_SQ: norm},
+        signals={FedPSAKeys.SKETCH: np.asarray(sketch_vec), FedPSAKeys.UPDATE_NORM_SQ: norm},
     )
 
 

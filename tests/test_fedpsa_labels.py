@@ -17,9 +17,9 @@ from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.models import build_model, get_flat, set_flat
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.run_model import run_model
-from fedstale.common.schema import SignalKeys, TaskSpec
-from fedstale.common.sensitivity import model_sketch, self_labelled, sketch_for_task
-from fedstale.strategies.fedpsa import FedPSA, FedPSAParams
+from fedstale.common.schema import TaskSpec
+from fedstale.common.sensitivity import model_sketch, self_labelled
+from fedstale.strategies.fedpsa import FedPSA, FedPSAKeys, FedPSAParams, sketch_for_task
 from fedstale.strategies.registry import load_config
 from tests.helpers import bind_server, run_config
 
@@ -47,11 +47,11 @@ def test_the_self_labelled_batch_is_the_models_argmax(name: str) -> None:
 def test_self_sketches_are_of_the_argmax_batch_and_differ_from_random_ones(name: str) -> None:
     model = build_model(name, SHAPE, 10, seed=4)
     random, own = settings("random"), settings("self")
-    assert (random[SignalKeys.CALIB_LABELS], own[SignalKeys.CALIB_LABELS]) == ("random", "self")
-    x, y = gaussian_batch(own[SignalKeys.CALIB_SEED], SHAPE, 10, own[SignalKeys.CALIB_SIZE])
+    assert (random[FedPSAKeys.CALIB_LABELS], own[FedPSAKeys.CALIB_LABELS]) == ("random", "self")
+    x, y = gaussian_batch(own[FedPSAKeys.CALIB_SEED], SHAPE, 10, own[FedPSAKeys.CALIB_SIZE])
     with torch.no_grad():
         argmax = model(x).argmax(dim=1)
-    k, seed = own[SignalKeys.SKETCH_K], own[SignalKeys.SKETCH_SEED]
+    k, seed = own[FedPSAKeys.SKETCH_K], own[FedPSAKeys.SKETCH_SEED]
     by_hand = model_sketch(model, (x, argmax), k, seed)
     np.testing.assert_array_equal(sketch_for_task(model, own, SHAPE, 10), by_hand)
     np.testing.assert_array_equal(
@@ -62,13 +62,13 @@ def test_self_sketches_are_of_the_argmax_batch_and_differ_from_random_ones(name:
 
 def test_a_task_without_labels_means_random_and_an_unknown_mode_is_refused() -> None:
     model = build_model("mlp", SHAPE, 10, seed=4)
-    old = {k: v for k, v in settings("random").items() if k != SignalKeys.CALIB_LABELS}
+    old = {k: v for k, v in settings("random").items() if k != FedPSAKeys.CALIB_LABELS}
     np.testing.assert_array_equal(
         sketch_for_task(model, old, SHAPE, 10),
         sketch_for_task(model, settings("random"), SHAPE, 10),
     )
     with pytest.raises(ValueError, match="calibration labels 'mine'"):
-        sketch_for_task(model, {**old, SignalKeys.CALIB_LABELS: "mine"}, SHAPE, 10)
+        sketch_for_task(model, {**old, FedPSAKeys.CALIB_LABELS: "mine"}, SHAPE, 10)
 
 
 def self_run() -> RunConfig:
@@ -101,16 +101,16 @@ def client_app_task(labels: str) -> tuple[dict[str, Any], dict[str, np.ndarray],
 
 def test_the_option_reaches_the_client_app_through_the_task_config() -> None:
     config, start, own = client_app_task("self")
-    assert config[SignalKeys.CALIB_LABELS] == "self"
+    assert config[FedPSAKeys.CALIB_LABELS] == "self"
     _, _, random = client_app_task("random")
     for name in start:  # the labels change the sketch only, never the training
         np.testing.assert_array_equal(own["delta"][name], random["delta"][name])
     trained = run_model(self_run())
     trained.load_state_dict({k: torch.from_numpy(start[k] + own["delta"][k]) for k in start})
     expected = sketch_for_task(trained, settings("self"), SHAPE, 10)
-    sent = np.asarray(own["metrics"][SignalKeys.SKETCH])
+    sent = np.asarray(own["metrics"][FedPSAKeys.SKETCH])
     np.testing.assert_allclose(sent, expected, rtol=1e-4, atol=1e-7)
-    assert np.abs(sent - np.asarray(random["metrics"][SignalKeys.SKETCH])).max() > 1e-3
+    assert np.abs(sent - np.asarray(random["metrics"][FedPSAKeys.SKETCH])).max() > 1e-3
 
 
 @pytest.mark.usefixtures("in_a_clientapp")
@@ -128,10 +128,10 @@ def test_the_mod_and_the_client_app_sketch_the_same_model_alike() -> None:
     metrics = dict(reply.content["metrics"])
     assert from_array_record(reply.content["arrays"]).keys() == trained.keys()
     np.testing.assert_allclose(
-        metrics[SignalKeys.SKETCH], app["metrics"][SignalKeys.SKETCH], rtol=1e-4, atol=1e-7
+        metrics[FedPSAKeys.SKETCH], app["metrics"][FedPSAKeys.SKETCH], rtol=1e-4, atol=1e-7
     )
-    assert metrics[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(
-        app["metrics"][SignalKeys.UPDATE_NORM_SQ], rel=1e-4
+    assert metrics[FedPSAKeys.UPDATE_NORM_SQ] == pytest.approx(
+        app["metrics"][FedPSAKeys.UPDATE_NORM_SQ], rel=1e-4
     )
 
 

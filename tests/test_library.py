@@ -27,7 +27,7 @@ from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.latency import profile_for
 from fedstale.common.models import ParamLayout
 from fedstale.common.records import from_array_record, message_content
-from fedstale.common.schema import InvalidReply, SignalKeys, TaskKeys, TaskSpec
+from fedstale.common.schema import InvalidReply, TaskKeys, TaskSpec
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment
 from fedstale.launcher.launch import tool
 from fedstale.server_app.central_dp import epsilon_after
@@ -40,6 +40,7 @@ from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
+from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.registry import STRATEGIES
 from tests.helpers import ListRecorder, ScriptedTransport, run_config
 from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per_edge
@@ -213,6 +214,29 @@ def test_a_rules_capabilities_bring_their_arguments_and_no_other_rule_takes_them
     assert "model_fn" not in inspect.signature(AsyncStrategy.__init__).parameters
 
 
+def test_the_library_offers_the_model_services_generically() -> None:
+    """ModelServices carry no rule's words: the user's model where model_fn was given
+    (built once), and a refusal naming the setting that needs held-out data."""
+    from fedstale.server_app.flower_strategy import LibraryDoor
+
+    arrays = {"w": np.zeros((3, 4), np.float32)}
+    run = run_config(strategy="fedpsa")
+    bare = LibraryDoor(fedstale.FedPSA(), None, arrays, {}, None)  # type: ignore[arg-type]
+    with pytest.raises(
+        ConfigError,
+        match=r"fedpsa computes on the model at the server: pass "
+        r"FedPSA\(model_fn=<your model factory>, input_shape=",
+    ):
+        bare.services(run, None).model()  # type: ignore[arg-type]
+    net = fedstale.FedPSA(model_fn=lambda: torch.nn.Linear(4, 3), input_shape=(4,))
+    services = LibraryDoor(net, None, arrays, {}, None).services(run, None)  # type: ignore[arg-type]
+    model = services.model()
+    assert (model.input_shape, model.num_classes) == ((4,), 3)
+    assert services.model().module is model.module
+    with pytest.raises(ConfigError, match="fedpsa: fedpsa-calib-source=real needs held-out data"):
+        services.held_out("fedpsa-calib-source=real")
+
+
 def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
     with pytest.raises(ConfigError, match=r"unknown key 'bufer-size'; did you mean 'buffer-size'"):
         fedstale.FedBuff(bufer_size=3)
@@ -268,13 +292,13 @@ def test_the_fedpsa_mod_adds_what_the_server_checks() -> None:
     )
     reply = mod(msg, Context(0, 0, {}, None, {}), user_train)  # type: ignore[arg-type]
     metrics = dict(reply.content["metrics"])
-    assert len(metrics[SignalKeys.SKETCH]) == rule.params.fedpsa_sketch_dim
+    assert len(metrics[FedPSAKeys.SKETCH]) == rule.params.fedpsa_sketch_dim
     layout = ParamLayout.of(net)
     contract = FlowerContract({}, {k: np.dtype(np.float32) for k in layout.names})
     contract.sent(0, layout.flatten(start))
     trained = Reply("m0", metrics=metrics, arrays=from_array_record(reply.content["arrays"]))
     update = contract.update(Arrival(task(), 0, 0), trained, rule, layout)
-    assert update.signals[SignalKeys.UPDATE_NORM_SQ] == pytest.approx(15 * 0.01**2, rel=1e-3)
+    assert update.signals[FedPSAKeys.UPDATE_NORM_SQ] == pytest.approx(15 * 0.01**2, rel=1e-3)
     evaluate = Message(RecordDict(), dst_node_id=1, message_type=MessageType.EVALUATE)
     assert names_untouched(mod, evaluate)
 

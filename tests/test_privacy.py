@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from flwr.supercore.differential_privacy import compute_stdv
 
-from fedstale.common.schema import SignalKeys
 from fedstale.strategies.base import Update
+from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.privacy import (
     CONVEX,
     LINEAR,
@@ -112,7 +112,7 @@ def batch(rng: np.random.Generator, count: int) -> list[Update]:
     for i in range(count):
         delta = rng.normal(size=DIM)
         vector = (delta * C / np.linalg.norm(delta)).astype(np.float32)
-        signals = {SignalKeys.SKETCH: rng.normal(size=3), SignalKeys.UPDATE_NORM_SQ: C * C}
+        signals = {FedPSAKeys.SKETCH: rng.normal(size=3), FedPSAKeys.UPDATE_NORM_SQ: C * C}
         updates.append(Update(i, i, 0, int(rng.integers(0, 5)), 10 + i, vector, signals=signals))
     return updates
 

@@ -8,7 +8,8 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.schema import ReplyKeys, SignalKeys
+from fedstale.common.schema import ReplyKeys
+from fedstale.strategies.fedpsa import FedPSAKeys
 
 OVERSIZED_FLOATS = 4_000_000  # 16 MB of padding beside the model's arrays
 
@@ -40,7 +41,7 @@ def corrupt(
     elif kind == "mistyped-metric":
         metrics[ReplyKeys.NUM_EXAMPLES] = float(metrics[ReplyKeys.NUM_EXAMPLES]) + 0.5
     elif kind == "sketch-length":
-        metrics[SignalKeys.SKETCH] = list(metrics.get(SignalKeys.SKETCH, [0.0, 0.0]))[:-1]
+        metrics[FedPSAKeys.SKETCH] = list(metrics.get(FedPSAKeys.SKETCH, [0.0, 0.0]))[:-1]
     elif kind == "oversized":
         arrays["padding"] = np.ones(OVERSIZED_FLOATS, dtype=np.float32)
     elif kind == "extra-set":

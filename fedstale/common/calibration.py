@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 
 from fedstale.common.files import write_atomically
-from fedstale.common.schema import SignalKeys
 from fedstale.common.shares import cache_dir
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -57,19 +54,16 @@ def digest(batch: Batch) -> str:
     return h.hexdigest()[:32]
 
 
-def encode(batch: Batch) -> dict[str, Any]:
-    """The task-config entries that carry a real batch (what is sent once)."""
+def encode(batch: Batch) -> tuple[bytes, bytes, str]:
+    """A real batch as it travels (what is sent once): input bytes, label bytes, digest."""
     x, y = batch
-    return {
-        SignalKeys.CALIB_X: x.float().numpy().tobytes(),
-        SignalKeys.CALIB_Y: y.long().numpy().tobytes(),
-        SignalKeys.CALIB_DIGEST: digest(batch),
-    }
+    return x.float().numpy().tobytes(), y.long().numpy().tobytes(), digest(batch)
 
 
-def decode(extra: Mapping[str, Any], input_shape: tuple[int, ...]) -> Batch:
-    size = int(extra[SignalKeys.CALIB_SIZE])
-    raw_x, raw_y = extra[SignalKeys.CALIB_X], extra[SignalKeys.CALIB_Y]
+def decode(
+    raw_x: bytes, raw_y: bytes, size: int, named: str, input_shape: tuple[int, ...]
+) -> Batch:
+    """The batch `encode` sent, checked against its size and its digest `named`."""
     if len(raw_x) != 4 * size * math.prod(input_shape) or len(raw_y) != 8 * size:
         raise ValueError(
             f"calibration batch bytes ({len(raw_x)}, {len(raw_y)}) do not hold {size} "
@@ -78,7 +72,7 @@ def decode(extra: Mapping[str, Any], input_shape: tuple[int, ...]) -> Batch:
     x = np.frombuffer(raw_x, dtype=np.float32).reshape(size, *input_shape)
     y = np.frombuffer(raw_y, dtype=np.int64)
     batch = (torch.from_numpy(x.copy()), torch.from_numpy(y.copy()))
-    if digest(batch) != extra[SignalKeys.CALIB_DIGEST]:
+    if digest(batch) != named:
         raise ValueError("calibration batch does not match its digest")
     return batch
 
@@ -112,21 +106,16 @@ def held(key: str) -> Batch | None:
     return batch
 
 
-def batch_for_task(
-    extra: Mapping[str, Any], input_shape: tuple[int, ...], num_classes: int
+def real_for_task(
+    named: str, sent: tuple[bytes, bytes] | None, size: int, input_shape: tuple[int, ...]
 ) -> Batch:
-    """The calibration batch a task's config names, on the client."""
-    source = str(extra.get(SignalKeys.CALIB_SOURCE, "gaussian"))
-    size = int(extra[SignalKeys.CALIB_SIZE])
-    if source == "gaussian":
-        return gaussian_batch(int(extra[SignalKeys.CALIB_SEED]), input_shape, num_classes, size)
-    if source != "real":
-        raise ValueError(f"calibration source '{source}' is not one of {SOURCES}")
-    if SignalKeys.CALIB_X in extra:
-        batch = decode(extra, input_shape)
-        keep(batch, str(extra[SignalKeys.CALIB_DIGEST]))
+    """The real batch a task names by its digest: decoded and kept when the task carries
+    its bytes (`sent`), else the one this client holds."""
+    if sent is not None:
+        batch = decode(*sent, size, named, input_shape)
+        keep(batch, named)
         return batch
-    batch = held(str(extra[SignalKeys.CALIB_DIGEST]))
+    batch = held(named)
     if batch is None:
         raise MissingCalibration(
             "this client does not hold the real calibration batch the task names; "

@@ -75,23 +75,6 @@ class TaskKeys:
     CLIENT_RULES = "client-rules"  # the strategy's client rules, comma-separated ("" none)
 
 
-class SignalKeys:
-    """Task-config entries that ask for FedPSA's signal, and the reply metrics carrying it."""
-
-    SKETCH_K = "sketch-k"
-    SKETCH_SEED = "sketch-seed"
-    SKETCH_OF = "sketch-of"  # "sensitivity" or "params"
-    CALIB_SIZE = "calib-size"
-    CALIB_SEED = "calib-seed"
-    CALIB_SOURCE = "calib-source"  # "gaussian" (from CALIB_SEED) or "real"
-    CALIB_LABELS = "calib-labels"  # "random" (drawn with the batch) or "self"
-    CALIB_X = "calib-x"  # a real calibration batch, sent once (float32 bytes)
-    CALIB_Y = "calib-y"  # its labels (int64 bytes)
-    CALIB_DIGEST = "calib-digest"  # names the real batch in every task
-    SKETCH = "sketch"
-    UPDATE_NORM_SQ = "update-norm-sq"
-
-
 class ReplyKeys:
     TASK_ID = "task-id"
     PARTITION_ID = "partition-id"

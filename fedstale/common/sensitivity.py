@@ -15,17 +15,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
-
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
-from fedstale.common.calibration import Batch, batch_for_task
-from fedstale.common.models import LinearModel, set_flat, softmax_residual
-from fedstale.common.schema import SignalKeys
+from fedstale.common.calibration import Batch
+from fedstale.common.models import LinearModel, softmax_residual
 
 LABELS = ("random", "self")  # where the Gaussian batch's labels come from
 SKETCH_BLOCK = 1 << 15  # columns of R per block (fixed: part of what makes R reproducible)
@@ -141,53 +137,6 @@ def self_labelled(model: nn.Module, batch: Batch) -> Batch:
         y = model(x.to(next(model.parameters()).device)).argmax(dim=1).cpu()
     model.train(was_training)
     return x, y
-
-
-def calib_labels(settings: Mapping[str, Any]) -> str:
-    """A task's label mode; a task that names none (an older server) means `random`."""
-    labels = str(settings.get(SignalKeys.CALIB_LABELS, "random"))
-    if labels not in LABELS:
-        raise ValueError(f"calibration labels '{labels}' are not one of {LABELS}")
-    return labels
-
-
-def sketch_for_task(
-    model: nn.Module,
-    settings: Mapping[str, Any],
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    batch: Batch | None = None,
-) -> np.ndarray:
-    """The sketch a task's config asks for; the server calls it with the same settings
-    and its own copy of the calibration batch. With `self` labels, each model sketched
-    (client or global) labels the batch itself."""
-    if batch is None:
-        batch = batch_for_task(settings, input_shape, num_classes)
-    if calib_labels(settings) == "self":
-        batch = self_labelled(model, batch)
-    return model_sketch(
-        model,
-        batch,
-        int(settings[SignalKeys.SKETCH_K]),
-        int(settings[SignalKeys.SKETCH_SEED]),
-        str(settings[SignalKeys.SKETCH_OF]),
-    )
-
-
-def global_sketcher(
-    model: nn.Module, input_shape: tuple[int, ...], num_classes: int
-) -> Callable[[Mapping[str, Any], Batch | None], Callable[[np.ndarray], np.ndarray]]:
-    """The server's sketcher (Setup.sketcher): for a task's sketch settings and calibration
-    batch, the sketch of a flat global model, computed as a client computes its own."""
-
-    def sketcher(settings: Mapping[str, Any], batch: Batch | None) -> Callable:
-        def sketch_of(flat: np.ndarray) -> np.ndarray:
-            set_flat(model, flat)
-            return sketch_for_task(model, settings, input_shape, num_classes, batch)
-
-        return sketch_of
-
-    return sketcher
 
 
 def loss_gradient(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

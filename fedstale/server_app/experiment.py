@@ -10,9 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedstale.common.calibration import encode, real_batch
 from fedstale.common.config import (
-    ConfigError,
     KebabModel,
     RunConfig,
 )
@@ -25,7 +23,6 @@ from fedstale.common.models import (
 )
 from fedstale.common.objectives import objective
 from fedstale.common.run_model import run_model
-from fedstale.common.sensitivity import global_sketcher, loss_gradient
 from fedstale.common.shares import client_holdout
 from fedstale.common.threads import blas_threads
 from fedstale.common.usercode import require_dataset
@@ -36,10 +33,9 @@ from fedstale.server_app.nodes import AssignedNodes, Nodes
 from fedstale.server_app.results import run_name
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.transport import Transport
-from fedstale.strategies.base import ModelServices, Setup
+from fedstale.strategies.base import ModelServices, Setup, TorchModel
 
 log = logging.getLogger("fedstale")
-DIAGNOSTIC_BATCH = 512  # held-out test samples behind each gradient of the Sec. 6.6 diagnostic
 
 
 def make_evaluator(run: RunConfig, model: torch.nn.Module) -> Evaluator:
@@ -77,47 +73,13 @@ def setup_for(run: RunConfig, layout: ParamLayout) -> Setup:
 
 
 def services_for(run: RunConfig, model: torch.nn.Module) -> ModelServices:
-    """What a rule computing on the model at the server may take (ServerModel); nothing
-    is computed until the rule asks for it."""
+    """What a rule computing on the model at the server may take (ServerModel): the run's
+    model and the test split; nothing is computed until the rule asks for it."""
     fed = federation_of(run)
-
-    def calibration(size: int) -> tuple[dict[str, Any], Any]:
-        try:
-            batch = real_batch(*test_data(run), seed=run.seed, size=size)
-        except ValueError as err:
-            raise ConfigError(f"fedpsa-calib-size: {err}; use a smaller batch") from None
-        return encode(batch), batch
-
     return ModelServices(
-        calibration=calibration,
-        sketcher=global_sketcher(model, fed.input_shape, fed.num_classes),
-        aligner=lambda: gradient_aligner(run, model),
+        model=lambda: TorchModel(model, fed.input_shape, fed.num_classes),
+        held_out=lambda setting: test_data(run),
     )
-
-
-def diagnostic_batch(run: RunConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """The held-out test batch behind the Sec. 6.6 gradients (eq. 21)."""
-    x_test, y_test = test_data(run)
-    return real_batch(x_test, y_test, seed=run.seed + 1, size=min(DIAGNOSTIC_BATCH, len(y_test)))
-
-
-def gradient_aligner(run: RunConfig, model: torch.nn.Module) -> Callable:
-    """Eq. 21-22 on a held-out test batch: cos(grad L(w_client), grad L(w_server))."""
-    device = next(model.parameters()).device
-    x, y = (t.to(device) for t in diagnostic_batch(run))
-
-    def gradient(flat: np.ndarray) -> torch.Tensor:
-        set_flat(model, flat)
-        return loss_gradient(model, x, y)
-
-    def align(clients: list[np.ndarray], server: np.ndarray) -> list[float]:
-        g_server = gradient(server)
-        return [
-            float(torch.nn.functional.cosine_similarity(gradient(c), g_server, dim=0, eps=1e-12))
-            for c in clients
-        ]
-
-    return align
 
 
 def settings_of(run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:

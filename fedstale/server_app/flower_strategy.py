@@ -40,7 +40,6 @@ from fedstale.common.config import (
 from fedstale.common.latency import profile_for
 from fedstale.common.models import ParamLayout, output_width
 from fedstale.common.records import from_array_record, to_array_record
-from fedstale.common.sensitivity import global_sketcher
 from fedstale.server_app import lifecycle
 from fedstale.server_app.contract import FlowerContract
 from fedstale.server_app.engine import Engine, EngineError
@@ -51,7 +50,7 @@ from fedstale.server_app.progress import setup_logging
 from fedstale.server_app.results import RunRecorder, claim_run_dir
 from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.transport import GridTransport, Transport
-from fedstale.strategies.base import ModelServices, Setup
+from fedstale.strategies.base import ModelServices, Setup, TorchModel
 from fedstale.strategies.registry import STRATEGIES, declarations, load_config, rule_named
 
 log = logging.getLogger("fedstale")
@@ -387,35 +386,31 @@ class LibraryDoor(Door):
         )
 
     def services(self, run: RunConfig, model: Model) -> ModelServices:
-        """The server's sketcher where `model_fn` was given; no real calibration batch and no
-        diagnostic (both need fedstale's own app's test data)."""
+        """The user's model where `model_fn` and `input_shape` were given (built once, when
+        the rule first asks); no held-out data (only fedstale's own app has a test split)."""
+        strategy = self.strategy
+        given = isinstance(strategy, ServerModelArguments)
+        model_fn = strategy.model_fn if given else None
+        input_shape = strategy.input_shape if given else None
 
-        def no_calibration(size: int) -> tuple[dict[str, Any], Any]:
-            raise ConfigError(
-                f"{run.strategy}: a real calibration batch needs fedstale's own app's test "
-                "data; use fedpsa_calib_source='gaussian'"
-            )
-
-        given = isinstance(self.strategy, ServerModelArguments)
-        model_fn = self.strategy.model_fn if given else None
-        input_shape = self.strategy.input_shape if given else None
-
-        def sketcher(settings: dict[str, Any], batch: Any) -> Callable[[np.ndarray], np.ndarray]:
+        @functools.cache
+        def torch_model() -> TorchModel:
             if model_fn is None or input_shape is None:
                 raise ConfigError(
-                    f"{run.strategy} sketches the global model at the server: pass "
-                    f"{type(self.strategy).__name__}(model_fn=<your model factory>, "
+                    f"{run.strategy} computes on the model at the server: pass "
+                    f"{type(strategy).__name__}(model_fn=<your model factory>, "
                     "input_shape=<one sample's shape>)"
                 )
-            torch_model = model_fn()
-            num_classes = output_width(torch_model, input_shape)
-            sketch = global_sketcher(torch_model, input_shape, num_classes)
-            return sketch(settings, batch)
+            module = model_fn()
+            return TorchModel(module, input_shape, output_width(module, input_shape))
 
-        def no_aligner() -> Any:
-            raise ConfigError(f"{run.strategy}: the diagnostic needs fedstale's own app")
+        def no_held_out(setting: str) -> Any:
+            raise ConfigError(
+                f"{run.strategy}: {setting} needs held-out data at the server, which only "
+                "fedstale's own app has; leave it out here, or run with `fedstale run`"
+            )
 
-        return ModelServices(calibration=no_calibration, sketcher=sketcher, aligner=no_aligner)
+        return ModelServices(model=torch_model, held_out=no_held_out)
 
     def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
         """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in

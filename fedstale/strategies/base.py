@@ -137,10 +137,6 @@ class Plan:
         return self.assignments[index]
 
 
-Sketcher = Callable[[np.ndarray], np.ndarray]  # flat global model -> its sketch
-Aligner = Callable[[list[np.ndarray], np.ndarray], list[float]]  # clients, server -> cosines
-
-
 @dataclass(frozen=True)
 class Setup:
     """What the server offers every rule before the run (`Strategy.bind`).
@@ -157,20 +153,28 @@ class Setup:
 
 
 @dataclass(frozen=True)
+class TorchModel:
+    """The run's model at the server: one torch `module` (a rule loads flat models into
+    it), one sample's `input_shape` and the model's output width `num_classes`."""
+
+    module: Any  # torch.nn.Module: this layer does not import torch
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+
+@dataclass(frozen=True)
 class ModelServices:
     """What the server offers a rule that computes on the model itself (`ServerModel`),
-    after `Strategy.bind`. The callables do their work only when the rule calls them.
+    after `Strategy.bind`; each does its work only when the rule calls it, and a door
+    that cannot offer one raises a ConfigError saying what the user gives instead.
 
-    calibration(n): a real batch of n held-out samples, as (task entries that carry it,
-        the batch itself for `sketcher`).
-    sketcher(settings, batch): the sketch of a flat model, computed exactly as a client
-        computes its own from the task entries `settings` (and the real `batch`, or None).
-    aligner(): cos(grad L(w_client), grad L(w_server)) on a held-out batch.
+    model(): the run's model (`TorchModel`), the same instance on every call.
+    held_out(setting): the server's held-out samples (x, y) as tensors (fedstale's own
+        app: the test split); `setting` names what needs them, for a door's refusal.
     """
 
-    calibration: Callable[[int], tuple[dict[str, Any], Any]]
-    sketcher: Callable[[dict[str, Any], Any], Sketcher]
-    aligner: Callable[[], Aligner]
+    model: Callable[[], TorchModel]
+    held_out: Callable[[str], tuple[Any, Any]]
 
 
 def update_record(update: Update, weight: float, **signals: Any) -> dict[str, Any]:

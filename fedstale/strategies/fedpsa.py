@@ -21,24 +21,33 @@ align = cos(grad L(w_client; D_test), grad L(w_server; D_test)), w_client = w_ba
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 import numpy as np
+import torch
 from pydantic import Field
 from torch.nn import Module
 
-from fedstale.common.config import KebabModel, RunConfig
-from fedstale.common.schema import InvalidReply, SignalKeys, SignalSpec
-from fedstale.common.sensitivity import sketch_for_task
+from fedstale.common.calibration import (
+    SOURCES,
+    Batch,
+    encode,
+    gaussian_batch,
+    real_batch,
+    real_for_task,
+)
+from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.models import set_flat
+from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
+from fedstale.common.sensitivity import LABELS, loss_gradient, model_sketch, self_labelled
 from fedstale.strategies.base import (
-    Aligner,
     Assignment,
     ModelServices,
     Outcome,
     ServerModel,
-    Sketcher,
     Strategy,
+    TorchModel,
     Update,
     View,
     step_scale,
@@ -51,6 +60,28 @@ from fedstale.strategies.rule import Rule
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
 HISTORY = 256  # global versions kept for the diagnostic (an older base is not scored)
+DIAGNOSTIC_BATCH = 512  # held-out samples behind each gradient of the Sec. 6.6 diagnostic
+
+Sketcher = Callable[[np.ndarray], np.ndarray]  # flat global model -> its sketch
+Aligner = Callable[[list[np.ndarray], np.ndarray], list[float]]  # clients, server -> cosines
+
+
+class FedPSAKeys:
+    """What FedPSA adds to the wire: the task-config entries that ask for its signal,
+    then the reply metrics that carry it."""
+
+    SKETCH_K = "sketch-k"
+    SKETCH_SEED = "sketch-seed"
+    SKETCH_OF = "sketch-of"  # "sensitivity" or "params"
+    CALIB_SIZE = "calib-size"
+    CALIB_SEED = "calib-seed"
+    CALIB_SOURCE = "calib-source"  # "gaussian" (from CALIB_SEED) or "real"
+    CALIB_LABELS = "calib-labels"  # "random" (drawn with the batch) or "self"
+    CALIB_X = "calib-x"  # a real calibration batch, sent once (float32 bytes)
+    CALIB_Y = "calib-y"  # its labels (int64 bytes)
+    CALIB_DIGEST = "calib-digest"  # names the real batch in every task
+    SKETCH = "sketch"
+    UPDATE_NORM_SQ = "update-norm-sq"
 
 
 class FedPSAParams(KebabModel):
@@ -99,6 +130,59 @@ class SensitivitySketch(ClientRule):
         )
 
 
+def task_batch(
+    settings: Mapping[str, Any], input_shape: tuple[int, ...], num_classes: int
+) -> Batch:
+    """The calibration batch a task's config names (Sec. 5.2; Table 5)."""
+    source = str(settings.get(FedPSAKeys.CALIB_SOURCE, "gaussian"))
+    size = int(settings[FedPSAKeys.CALIB_SIZE])
+    if source == "gaussian":
+        return gaussian_batch(int(settings[FedPSAKeys.CALIB_SEED]), input_shape, num_classes, size)
+    if source != "real":
+        raise ValueError(f"calibration source '{source}' is not one of {SOURCES}")
+    sent = None
+    if FedPSAKeys.CALIB_X in settings:
+        sent = (settings[FedPSAKeys.CALIB_X], settings[FedPSAKeys.CALIB_Y])
+    return real_for_task(str(settings[FedPSAKeys.CALIB_DIGEST]), sent, size, input_shape)
+
+
+def calibration_entries(batch: Batch) -> dict[str, Any]:
+    """The task entries that carry a real batch (sent once per client)."""
+    raw_x, raw_y, named = encode(batch)
+    return {FedPSAKeys.CALIB_X: raw_x, FedPSAKeys.CALIB_Y: raw_y, FedPSAKeys.CALIB_DIGEST: named}
+
+
+def calib_labels(settings: Mapping[str, Any]) -> str:
+    """A task's label mode; a task that names none (an older server) means `random`."""
+    labels = str(settings.get(FedPSAKeys.CALIB_LABELS, "random"))
+    if labels not in LABELS:
+        raise ValueError(f"calibration labels '{labels}' are not one of {LABELS}")
+    return labels
+
+
+def sketch_for_task(
+    model: Module,
+    settings: Mapping[str, Any],
+    input_shape: tuple[int, ...],
+    num_classes: int,
+    batch: Batch | None = None,
+) -> np.ndarray:
+    """The sketch a task's config asks for (eq. 11); the server calls it with the same
+    settings and its own copy of the calibration batch. With `self` labels, each model
+    sketched (client or global) labels the batch itself."""
+    if batch is None:
+        batch = task_batch(settings, input_shape, num_classes)
+    if calib_labels(settings) == "self":
+        batch = self_labelled(model, batch)
+    return model_sketch(
+        model,
+        batch,
+        int(settings[FedPSAKeys.SKETCH_K]),
+        int(settings[FedPSAKeys.SKETCH_SEED]),
+        str(settings[FedPSAKeys.SKETCH_OF]),
+    )
+
+
 def sketch_signals(
     model: Module,
     settings: Mapping[str, Any],
@@ -110,12 +194,49 @@ def sketch_signals(
     as the task's `settings` ask (eq. 11) and ||delta||^2 (eq. 16)."""
     sketch = sketch_for_task(model, settings, input_shape, num_classes)
     return {
-        SignalKeys.SKETCH: [float(v) for v in sketch],
-        SignalKeys.UPDATE_NORM_SQ: float(np.dot(delta.astype(np.float64), delta)),
+        FedPSAKeys.SKETCH: [float(v) for v in sketch],
+        FedPSAKeys.UPDATE_NORM_SQ: float(np.dot(delta.astype(np.float64), delta)),
     }
 
 
 # ---------------------------------------------------------------- the server half
+
+
+def global_sketcher(
+    model: TorchModel, settings: Mapping[str, Any], batch: Batch | None
+) -> Sketcher:
+    """The sketch of a flat global model, computed as a client computes its own from the
+    task entries `settings` (and the real `batch`, or None)."""
+
+    def sketch_of(flat: np.ndarray) -> np.ndarray:
+        set_flat(model.module, flat)
+        return sketch_for_task(model.module, settings, model.input_shape, model.num_classes, batch)
+
+    return sketch_of
+
+
+def gradient_aligner(model: Module, x: torch.Tensor, y: torch.Tensor) -> Aligner:
+    """Eq. 21-22 on a held-out batch (x, y): cos(grad L(w_client), grad L(w_server))."""
+    device = next(model.parameters()).device
+    x, y = x.to(device), y.to(device)
+
+    def gradient(flat: np.ndarray) -> torch.Tensor:
+        set_flat(model, flat)
+        return loss_gradient(model, x, y)
+
+    def align(clients: list[np.ndarray], server: np.ndarray) -> list[float]:
+        g_server = gradient(server)
+        return [
+            float(torch.nn.functional.cosine_similarity(gradient(c), g_server, dim=0, eps=1e-12))
+            for c in clients
+        ]
+
+    return align
+
+
+def diagnostic_batch(x_pool: torch.Tensor, y_pool: torch.Tensor, seed: int) -> Batch:
+    """The held-out batch behind the Sec. 6.6 gradients (eq. 21), drawn by the run seed."""
+    return real_batch(x_pool, y_pool, seed=seed + 1, size=min(DIAGNOSTIC_BATCH, len(y_pool)))
 
 
 class FedPSA(Strategy[FedPSAParams], ServerModel):
@@ -173,12 +294,19 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         the real calibration batch when the rule uses one, the Sec. 6.6 aligner if asked."""
         batch = None
         if self.real_calibration:
-            entries, batch = services.calibration(self.params.fedpsa_calib_size)
-            self.bind_calibration(entries)
+            pool = services.held_out("fedpsa-calib-source=real")
+            size = self.params.fedpsa_calib_size
+            try:
+                batch = real_batch(*pool, seed=self.run.seed, size=size)
+            except ValueError as err:
+                raise ConfigError(f"fedpsa-calib-size: {err}; use a smaller batch") from None
+            self.bind_calibration(calibration_entries(batch))
+        model = services.model()
         settings = {k: v for k, v in self.task_extra(-1).items() if not isinstance(v, bytes)}
-        self.bind_sketcher(services.sketcher(settings, batch))
+        self.bind_sketcher(global_sketcher(model, settings, batch))
         if self.params.fedpsa_diagnostic:
-            self.bind_aligner(services.aligner())
+            x, y = diagnostic_batch(*services.held_out("fedpsa-diagnostic"), self.run.seed)
+            self.bind_aligner(gradient_aligner(model.module, x, y))
 
     def bind_sketcher(self, sketcher: Sketcher) -> None:
         """The server's sketch of a global model, on the clients' batch and projection."""
@@ -200,18 +328,18 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         """The task entries that ask the client for its sketch (the real calibration
         batch's bytes on a client's first task)."""
         extra: dict[str, Any] = {
-            SignalKeys.SKETCH_K: self.params.fedpsa_sketch_dim,
-            SignalKeys.SKETCH_SEED: self.run.seed,
-            SignalKeys.SKETCH_OF: self.sketch_of,
-            SignalKeys.CALIB_SIZE: self.params.fedpsa_calib_size,
-            SignalKeys.CALIB_SEED: self.run.seed,
-            SignalKeys.CALIB_SOURCE: self.params.fedpsa_calib_source,
-            SignalKeys.CALIB_LABELS: self.params.fedpsa_calib_labels,
+            FedPSAKeys.SKETCH_K: self.params.fedpsa_sketch_dim,
+            FedPSAKeys.SKETCH_SEED: self.run.seed,
+            FedPSAKeys.SKETCH_OF: self.sketch_of,
+            FedPSAKeys.CALIB_SIZE: self.params.fedpsa_calib_size,
+            FedPSAKeys.CALIB_SEED: self.run.seed,
+            FedPSAKeys.CALIB_SOURCE: self.params.fedpsa_calib_source,
+            FedPSAKeys.CALIB_LABELS: self.params.fedpsa_calib_labels,
         }
         if self.real_calibration:
             if not self.calibration:
                 raise RuntimeError("fedpsa-calib-source=real needs bind_calibration() first")
-            extra[SignalKeys.CALIB_DIGEST] = self.calibration[SignalKeys.CALIB_DIGEST]
+            extra[FedPSAKeys.CALIB_DIGEST] = self.calibration[FedPSAKeys.CALIB_DIGEST]
             if client not in self.calib_holders:
                 extra.update(self.calibration)
         return extra
@@ -227,8 +355,8 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
 
     def signals(self) -> dict[str, SignalSpec]:
         return {
-            SignalKeys.SKETCH: SignalSpec(self.params.fedpsa_sketch_dim),
-            SignalKeys.UPDATE_NORM_SQ: SignalSpec(),
+            FedPSAKeys.SKETCH: SignalSpec(self.params.fedpsa_sketch_dim),
+            FedPSAKeys.UPDATE_NORM_SQ: SignalSpec(),
         }
 
     def temperature(self) -> float:
@@ -239,7 +367,7 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
 
     def validate(self, update: Update) -> None:
         """The reported ||delta||^2 must match the delta that arrived."""
-        reported = float(update.signals[SignalKeys.UPDATE_NORM_SQ])
+        reported = float(update.signals[FedPSAKeys.UPDATE_NORM_SQ])
         actual = squared_norm(update.vector)
         if abs(reported - actual) > NORM_TOLERANCE * max(actual, 1e-12):
             raise InvalidReply(
@@ -266,7 +394,7 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         if self.sketch_global is None:
             raise RuntimeError("FedPSA needs bind_sketcher() before it can aggregate")
         global_sketch = self.sketch_global(self.model)
-        kappas = np.array([cosine(u.signals[SignalKeys.SKETCH], global_sketch) for u in batch])
+        kappas = np.array([cosine(u.signals[FedPSAKeys.SKETCH], global_sketch) for u in batch])
         weights, temp = self.weights(kappas)
         weights = weights * step_scale(self.run, view.version)
         step = weights @ np.stack([u.vector for u in batch]).astype(np.float64)
@@ -303,7 +431,7 @@ RULES = (
     parameter sensitivity has drifted from the global model's, at a temperature that
     follows training. Needs `model_fn` and `input_shape` here, and fedstale.fedpsa_mod in
     the ClientApp.""",
-        wire=tuple(v for k, v in vars(SignalKeys).items() if k.isupper()),
+        wire=keys_of(FedPSAKeys),
         labels="its sensitivity sketches are cross-entropy gradients",
         dp=Release(CONVEX),  # softmax weights from the clients' sketches: S = 2 step C
     ),
