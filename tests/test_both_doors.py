@@ -24,7 +24,7 @@ from fedstale.server_app.heartbeat import Heartbeat
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.registry import load_config
-from tests.helpers import ScriptedTransport
+from tests.helpers import ScriptedTransport, run_config
 
 LATENCY = 100.0  # every client's latency: an edge's first round closes at LATENCY x factor
 SLOWED = {
@@ -203,3 +203,23 @@ def test_a_run_that_fails_before_its_loop_closes_its_display_and_leaves_no_folde
     with pytest.raises(OSError, match="no space"):
         start(door, tmp_path)
     assert not (tmp_path / door).exists()
+
+
+def test_the_config_is_split_by_who_reads_it() -> None:
+    """Every key has one reader: the engine (unmarked), the client's training (each one a
+    TaskSpec field, so it travels in every task) or fedstale's own app (refused by the
+    library); a rule's keys are its Params."""
+    from dataclasses import fields
+
+    from fedstale.common.schema import TaskSpec
+
+    readers = {r: RunConfig.fields_read_by(r) for r in ("engine", "client", "app")}
+    assert sorted(name for names in readers.values() for name in names) == sorted(
+        RunConfig.model_fields
+    )
+    per_task = {"task_id", "version", "seed", "returns", "rules", "extra"}
+    assert set(readers["client"]) == {f.name for f in fields(TaskSpec)} - per_task
+    run = run_config(lr=0.5, momentum=0.9, local_steps=3)
+    assert run.client_training()["momentum"] == 0.9
+    with pytest.raises(ValueError, match="reader 'rule' is not one of"):
+        RunConfig.fields_read_by("rule")

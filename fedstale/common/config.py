@@ -110,8 +110,14 @@ class KebabModel(BaseModel):
         return {field.alias or name for name, field in cls.model_fields.items()}
 
 
-# Marks a RunConfig key only fedstale's own app reads; a library user's ServerApp and
-# ClientApp decide these themselves (AsyncStrategy refuses them).
+# Who reads a RunConfig key, marked on its field (`json_schema_extra`); unmarked: the
+# engine (the server's run: clock, budgets, DP, records, checkpoints). A rule's own keys
+# are its Params. CLIENT: what every task asks of the client's local training (each is a
+# TaskSpec field of the same name, carried in the task config). APP_ONLY: only fedstale's
+# own app (its data, model, ClientApp and evaluation); a library user's ServerApp and
+# ClientApp decide these themselves, so AsyncStrategy refuses them.
+READERS = ("engine", "client", "app")
+CLIENT: dict[str, Any] = {"reader": "client"}
 APP_ONLY: dict[str, Any] = {"reader": "app"}
 
 
@@ -119,12 +125,22 @@ class RunConfig(KebabModel):
     """The keys shared by every strategy (see pyproject.toml for their meaning)."""
 
     @classmethod
+    def fields_read_by(cls, reader: str) -> list[str]:
+        """The field names whose reader (READERS) is `reader`, in declaration order."""
+        if reader not in READERS:
+            raise ValueError(f"reader '{reader}' is not one of {READERS}")
+        marks = {name: (f.json_schema_extra or {}) for name, f in cls.model_fields.items()}
+        return [n for n, mark in marks.items() if mark.get("reader", "engine") == reader]
+
+    @classmethod
     def app_only_keys(cls) -> set[str]:
-        """Keys only fedstale's own app reads (its data, model, ClientApp and evaluation),
-        as marked on their fields (`json_schema_extra=APP_ONLY`); the library takes the rest
-        and leaves these out of config.json."""
-        marked = (name for name, f in cls.model_fields.items() if f.json_schema_extra == APP_ONLY)
-        return {cls.model_fields[name].alias or name for name in marked}
+        """Keys only fedstale's own app reads; the library takes the rest and leaves these
+        out of config.json."""
+        return {cls.model_fields[n].alias or n for n in cls.fields_read_by("app")}
+
+    def client_training(self) -> dict[str, Any]:
+        """What every task asks of the client's training: field name -> value."""
+        return {name: getattr(self, name) for name in self.fields_read_by("client")}
 
     strategy: str = "fedbuff"
     run_name: str = ""
@@ -151,16 +167,16 @@ class RunConfig(KebabModel):
 
     concurrency: int = Field(10, ge=1)
     buffer_size: int = Field(5, ge=1)
-    local_epochs: int = Field(5, ge=1)
-    batch_size: int = Field(64, ge=1)
-    lr: float = Field(0.01, gt=0)
+    local_epochs: int = Field(5, ge=1, json_schema_extra=CLIENT)
+    batch_size: int = Field(64, ge=1, json_schema_extra=CLIENT)
+    lr: float = Field(0.01, gt=0, json_schema_extra=CLIENT)  # decayed by the engine
     lr_decay: float = Field(0.999, gt=0, le=1)
-    proximal_mu: float = Field(0.0, ge=0)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    momentum: float = Field(0.0, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    grad_clip: float = Field(0.0, ge=0)
-    local_steps: int = Field(0, ge=0)
+    proximal_mu: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
+    optimizer: Literal["sgd", "adam"] = Field("sgd", json_schema_extra=CLIENT)
+    momentum: float = Field(0.0, ge=0, lt=1, json_schema_extra=CLIENT)
+    weight_decay: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
+    grad_clip: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
+    local_steps: int = Field(0, ge=0, json_schema_extra=CLIENT)
     server_step: Literal["spec", "client-lr"] = "spec"
     client_threads: int = Field(1, ge=0, json_schema_extra=APP_ONLY)
     trainer: Literal["auto", "autograd", "cohort"] = Field("auto", json_schema_extra=APP_ONLY)

@@ -203,20 +203,13 @@ class Engine:
 
     def task_spec(self, task_id: int, assignment: Assignment) -> TaskSpec:
         run = self.run
+        training = {**run.client_training(), "lr": run.lr * run.lr_decay**self.version}
         spec = TaskSpec(
             task_id=task_id,
             version=self.version,
-            lr=run.lr * run.lr_decay**self.version,
-            local_epochs=run.local_epochs,
-            batch_size=run.batch_size,
             seed=task_seed(run.seed, assignment.client, task_id),
             returns=self.strategy.returns,
-            proximal_mu=run.proximal_mu,
-            momentum=run.momentum,
-            weight_decay=run.weight_decay,
-            grad_clip=run.grad_clip,
-            local_steps=run.local_steps,
-            optimizer=run.optimizer,
+            **training,
             rules=tuple(rule.name for rule in self.strategy.client_rules),
             extra={
                 **assignment.entries,
