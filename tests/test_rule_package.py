@@ -20,41 +20,19 @@ from tests.helpers import rule_package, run_config, update
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = ROOT / "examples" / "async-quickstart"
-# The package: one file, its declaration at the end, nothing of fedstale edited.
-MEDIAN_BUFFER = '''
-import numpy as np
-from pydantic import Field
-
-from fedstale.rules import Buffer, KebabModel, Outcome, Rule, Strategy, Update, View
-from fedstale.rules import update_record
+# The package of docs/architecture.md, "Write a rule as a package": its rule module and its
+# pyproject.toml, taken from that page so that what the docs show is what is tested.
+GUIDE = (ROOT / "docs" / "architecture.md").read_text().split("### Write a rule as a package")[1]
 
 
-class MedianParams(KebabModel):
-    median_scale: float = Field(1.0, gt=0)
+def fenced(first_line: str) -> str:
+    """The fenced block of the guide that starts with `first_line`."""
+    (block,) = [b.split("```", 1)[0] for b in GUIDE.split("\n" + first_line + "\n")[1:]]
+    return block
 
 
-class MedianBuffer(Strategy):
-    """K deltas buffered; w <- w + scale * their coordinate-wise median."""
-
-    name = "median-buffer"
-    Params = MedianParams
-    kept = ("buffer",)
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
-
-    def on_update(self, update: Update, view: View) -> Outcome:
-        batch = self.buffer.add(update)
-        if batch is None:
-            return Outcome()
-        step = np.median(np.stack([u.vector for u in batch]), axis=0)
-        self.model = (self.model + self.params.median_scale * step).astype(np.float32)
-        return Outcome(True, [update_record(u, 1.0 / len(batch)) for u in batch])
-
-
-RULES = (Rule(MedianBuffer, library="MedianBuffer", about=MedianBuffer.__doc__ or ""),)
-'''
+MEDIAN_BUFFER = fenced("# mypackage/median_buffer.py")
+PYPROJECT = fenced("# pyproject.toml")
 RUN = "dataset=digits num-clients=6 concurrency=3 buffer-size=3 lr=0.1 max-versions=6"
 
 
@@ -143,26 +121,17 @@ def check_run(folder: Path) -> None:
 # The package as its author ships it: a project with an entry point, pip-installed into the
 # virtualenv that holds only torch and fedstale's wheel (tests/wheel_env.py, "newest"),
 # then run in the three doors from a directory outside the checkout.
-PROJECT = """[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "{dist}"
-version = "0.1"
-dependencies = ["fedstale"]
-
-[project.entry-points."fedstale.rules"]
-{dist} = "{module}:RULES"
-"""
-
-
-def write_project(root: Path, dist: str, source: str) -> Path:
-    module = dist.replace("-", "_")
-    (root / dist / module).mkdir(parents=True)
-    (root / dist / "pyproject.toml").write_text(PROJECT.format(dist=dist, module=module))
-    (root / dist / module / "__init__.py").write_text(source)
-    return root / dist
+def write_project(root: Path, renamed: dict[str, str] | None = None) -> Path:
+    """The guide's package in `root`, each text of `renamed` replaced in both files."""
+    texts = {"median_buffer.py": MEDIAN_BUFFER, "pyproject.toml": PYPROJECT}
+    for old, new in (renamed or {}).items():
+        texts = {file: text.replace(old, new) for file, text in texts.items()}
+    name = (renamed or {}).get("mypackage", "mypackage")
+    (root / name / name).mkdir(parents=True)
+    (root / name / name / "__init__.py").write_text("")
+    (root / name / name / "median_buffer.py").write_text(texts["median_buffer.py"])
+    (root / name / "pyproject.toml").write_text(texts["pyproject.toml"])
+    return root / name
 
 
 @pytest.fixture(scope="module")
@@ -173,13 +142,11 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     bin_dir = installed()[1]["newest"]
     root = tmp_path_factory.mktemp("projects")
-    run(
-        [bin_dir / "pip", "install", "-q", write_project(root, "median-buffer", MEDIAN_BUFFER)], 600
-    )
+    run([bin_dir / "pip", "install", "-q", write_project(root)], 600)
     try:
         yield bin_dir
     finally:
-        run([bin_dir / "pip", "uninstall", "-q", "-y", "median-buffer", "hijack"], 300)
+        run([bin_dir / "pip", "uninstall", "-q", "-y", "mypackage", "hijack"], 300)
 
 
 @pytest.mark.integration
@@ -194,12 +161,15 @@ def test_from_a_fresh_venv_the_package_runs_locally_and_is_listed(
     run([fresh / "fedstale", "run", "--local", "--run-config", config], 300, here)
     check_run(here / "runs" / "local")
     listed = run([fresh / "fedstale", "check"], 120, here)
-    assert "fedstale: installed rule 'median-buffer' from median_buffer (median-scale=1.0)" in (
-        listed
+    said = (
+        "fedstale: installed rule 'median-buffer' from mypackage.median_buffer (median-scale=1.0)"
     )
+    assert said in listed
     bad = run([fresh / "fedstale", "check", "--run-config", "median-scale=-1"], 120, here, code=2)
     assert bad.strip().count("\n") == 0, bad
-    assert "a key of rule 'median-buffer' (median_buffer): fix it with --run-config" in bad
+    assert (
+        "a key of rule 'median-buffer' (mypackage.median_buffer): fix it with --run-config" in bad
+    )
 
 
 @pytest.mark.integration
@@ -268,15 +238,14 @@ def test_from_a_fresh_venv_a_hijack_is_refused(fresh: Path, tmp_path: Path) -> N
     from tests.wheel_env import elsewhere, run
 
     here = elsewhere(tmp_path)
-    hijack = MEDIAN_BUFFER.replace("median-buffer", "hijack").replace(
-        'library="MedianBuffer"', 'library="FedBuff"'
-    )
-    run([fresh / "pip", "install", "-q", write_project(tmp_path, "hijack", hijack)], 600)
+    claims = {"mypackage": "hijack", "median-buffer": "hijack"}
+    claims['library="MedianBuffer"'] = 'library="FedBuff"'
+    run([fresh / "pip", "install", "-q", write_project(tmp_path, claims)], 600)
     code = "import fedstale; print(fedstale.FedBuff.rule, fedstale.MedianBuffer.rule)"
     output = run([fresh / "python", "-c", code], 120, here)
     said = [line for line in output.splitlines() if "hijack" in line]
     assert len(said) == 1 and (
-        "rule 'hijack' of hijack left out: fedstale.FedBuff is rule 'fedbuff' of "
+        "rule 'hijack' of hijack.median_buffer left out: fedstale.FedBuff is rule 'fedbuff' of "
         "fedstale.strategies.fedbuff's" in said[0]
     ), output
     assert output.strip().splitlines()[-1] == "fedbuff median-buffer"
