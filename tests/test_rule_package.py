@@ -1,7 +1,8 @@
 """A rule from another installed package, declared through the entry point group
 `fedstale.rules`, runs in every door with no edit to fedstale and no monkeypatching:
-`fedstale run --local`, Flower simulation with fedstale's app, and `fedstale.<Rule>` as a
-library strategy over a plain Flower ClientApp (the quickstart's)."""
+`fedstale run --local`, Flower simulation and a deployment with fedstale's app, and
+`fedstale.<Rule>` as a library strategy over a plain Flower ClientApp (the quickstart's);
+from a fresh virtualenv that holds fedstale's wheel and the package as pip installs them."""
 
 from __future__ import annotations
 
@@ -193,6 +194,26 @@ def test_from_a_fresh_venv_flower_simulation_takes_the_package_and_its_key(
     run([fresh / "fedstale", "run", "--run-config", config], 600, here, ports)
     check_run(here / "runs" / "sim")
     assert json.loads((here / "runs" / "sim" / "config.json").read_text())["median-scale"] == 0.5
+
+
+@pytest.mark.integration
+@pytest.mark.xdist_group("deployments")
+def test_from_a_fresh_venv_a_deployment_takes_the_package_and_its_key(
+    fresh: Path, tmp_path: Path
+) -> None:
+    """`fedstale deploy`: a real SuperLink and two SuperNodes, whose ClientApps load the
+    package's rule too, with the package's own key."""
+    from tests.wheel_env import elsewhere, run
+
+    here = elsewhere(tmp_path)
+    config = "strategy=median-buffer median-scale=0.5 dataset=digits buffer-size=2 "
+    config += "max-virtual-time=0 eval-interval=500 max-updates=4 run-name=deployed"
+    command = [fresh / "fedstale", "deploy", "--nodes", "2", "--timeout", "900"]
+    run([*command, "--run-config", config], 1000, here)
+    folder = here / "runs" / "deployed"
+    summary = json.loads((folder / "summary.json").read_text())
+    assert (summary["strategy"], summary["updates_accepted"]) == ("median-buffer", 4)
+    assert json.loads((folder / "config.json").read_text())["median-scale"] == 0.5
 
 
 @pytest.mark.integration
