@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import fedstale
-from fedstale.common.schema import ReplyKeys, ScoreKeys, TaskKeys
+from fedstale.common.schema import common_keys
 from fedstale.server_app.flower_strategy import AsyncStrategy, library_classes
 from fedstale.strategies.base import PerClientModels, Strategy, Topology
 from fedstale.strategies.registry import (
@@ -22,9 +22,7 @@ from fedstale.strategies.registry import (
 )
 from fedstale.strategies.rule import Rule
 
-COMMON = {
-    v for keys in (TaskKeys, ReplyKeys, ScoreKeys) for k, v in vars(keys).items() if k.isupper()
-}
+COMMON = common_keys()
 
 
 def test_every_built_in_module_declares_its_rules_and_only_they_are_registered() -> None:

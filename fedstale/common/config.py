@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping
+from functools import cache
 from typing import Any, Literal, TypeVar
 
 from pydantic import (
@@ -121,16 +122,21 @@ CLIENT: dict[str, Any] = {"reader": "client"}
 APP_ONLY: dict[str, Any] = {"reader": "app"}
 
 
+@cache  # read for every task the engine sends (RunConfig.client_training)
+def _fields_read_by(model: type[KebabModel], reader: str) -> tuple[str, ...]:
+    if reader not in READERS:
+        raise ValueError(f"reader '{reader}' is not one of {READERS}")
+    marks = {name: (f.json_schema_extra or {}) for name, f in model.model_fields.items()}
+    return tuple(n for n, mark in marks.items() if mark.get("reader", "engine") == reader)
+
+
 class RunConfig(KebabModel):
     """The keys shared by every strategy (see pyproject.toml for their meaning)."""
 
     @classmethod
-    def fields_read_by(cls, reader: str) -> list[str]:
+    def fields_read_by(cls, reader: str) -> tuple[str, ...]:
         """The field names whose reader (READERS) is `reader`, in declaration order."""
-        if reader not in READERS:
-            raise ValueError(f"reader '{reader}' is not one of {READERS}")
-        marks = {name: (f.json_schema_extra or {}) for name, f in cls.model_fields.items()}
-        return [n for n, mark in marks.items() if mark.get("reader", "engine") == reader]
+        return _fields_read_by(cls, reader)
 
     @classmethod
     def app_only_keys(cls) -> set[str]:

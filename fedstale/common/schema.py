@@ -154,7 +154,7 @@ class TaskSpec:
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> TaskSpec:
-        known = {v for k, v in vars(TaskKeys).items() if k.isupper()}
+        known = set(keys_of(TaskKeys))
         missing = known - set(config)
         if missing:
             raise InvalidReply(f"task config lacks {sorted(missing)}")
