@@ -55,8 +55,9 @@ demo: setup data
 	$(BIN)/fedstale compare runs/$(DEMO_NAME) --out runs/$(DEMO_NAME)/summary --last 10 --target 0.8
 
 # --durations: the slowest tests' share of the run, in every CI log. Two pytest-xdist
-# workers (one per core here); the tests that start real Flower processes or build the
-# wheel's virtualenvs and container images share one worker (xdist_group "deployments").
+# workers (one per core here); the tests that start real SuperNodes, containers or a Ray
+# cluster run one after another on one worker (xdist_group "deployments"), the tests that
+# build and use the wheel's virtualenvs on one worker (xdist_group "venvs").
 TEST_WORKERS ?= 2
 test: setup data tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15

@@ -530,35 +530,3 @@ def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
     assert {row["client"] for row in read_jsonl(run / "updates.jsonl")} == {0, 1, 2}
-
-
-@pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
-def test_the_quickstart_runs_on_the_installed_wheel_outside_the_checkout(tmp_path: Path) -> None:
-    """The wheel in a fresh virtualenv at the newest dependencies (flwr 1.42): the example,
-    copied outside the checkout, runs with that environment's `flwr run` on a simulation
-    SuperLink of that environment."""
-    from tests.wheel_env import elsewhere, installed, run
-
-    bin_dir, here = installed()[1]["newest"], elsewhere(tmp_path)
-    app = here / "async-quickstart"
-    shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
-    link = LocalDeployment(tmp_path / "home", 0, simulation=True, bin_dir=bin_dir)
-    before = Path.cwd()
-    os.chdir(here)  # the ServerApp runs where its SuperLink was started
-    try:
-        link.start()
-    finally:
-        os.chdir(before)
-    try:
-        federation = "num-supernodes=3 client-resources-num-cpus=1"
-        flwr = [bin_dir / "flwr", "run", app, CONNECTION, "--stream"]
-        flwr += ["--run-config", "num-server-rounds=2", "--federation-config", federation]
-        output = run(flwr, 420, here, {"PATH": link.env["PATH"], "FLWR_HOME": str(link.home)})
-    finally:
-        link.stop()
-    assert "Successfully started run" in output
-    (folder,) = (here / "runs").iterdir()
-    summary = json.loads((folder / "summary.json").read_text())
-    assert (summary["versions"], summary["updates_rejected"]) == (2, 0)
-    assert (here / "final_model.pt").stat().st_size > 0

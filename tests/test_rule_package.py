@@ -151,7 +151,7 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
+@pytest.mark.xdist_group("venvs")
 def test_from_a_fresh_venv_the_package_runs_locally_and_is_listed(
     fresh: Path, tmp_path: Path
 ) -> None:
@@ -174,35 +174,30 @@ def test_from_a_fresh_venv_the_package_runs_locally_and_is_listed(
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
+@pytest.mark.xdist_group("venvs")
 def test_from_a_fresh_venv_flower_simulation_takes_the_package_and_its_key(
     fresh: Path, tmp_path: Path
 ) -> None:
     """fedstale's app in Flower simulation, with the package's own key: Flower accepts it
     only when the app names it, so `fedstale run` hands Flower a copy of the app that
-    declares it (launch.flower_app)."""
-    from fedstale.launcher.ports import free_port
-    from tests.wheel_env import elsewhere, run
+    declares it (launch.flower_app). Also the newest bound's simulation (tests/test_bounds.py
+    runs the lower one): the environment's versions and the installed code ran."""
+    from tests.wheel_env import elsewhere, simulate_outside_the_checkout
 
     here = elsewhere(tmp_path)
-    ports = {
-        "FLWR_HOME": str(tmp_path / "flwr-home"),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-    }
     config = f"{RUN} strategy=median-buffer median-scale=0.5 run-name=sim"
-    run([fresh / "fedstale", "run", "--run-config", config], 600, here, ports)
+    simulate_outside_the_checkout(fresh, "newest", config, here, tmp_path / "flwr-home")
     check_run(here / "runs" / "sim")
     assert json.loads((here / "runs" / "sim" / "config.json").read_text())["median-scale"] == 0.5
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
+@pytest.mark.xdist_group("venvs")
 def test_from_a_fresh_venv_a_deployment_takes_the_package_and_its_key(
     fresh: Path, tmp_path: Path
 ) -> None:
     """`fedstale deploy`: a real SuperLink and two SuperNodes, whose ClientApps load the
-    package's rule too, with the package's own key."""
+    package's rule too, with the package's own key (the newest bound's deployment)."""
     from tests.wheel_env import elsewhere, run
 
     here = elsewhere(tmp_path)
@@ -217,10 +212,11 @@ def test_from_a_fresh_venv_a_deployment_takes_the_package_and_its_key(
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
+@pytest.mark.xdist_group("venvs")
 def test_from_a_fresh_venv_the_library_offers_the_package_rule(fresh: Path, tmp_path: Path) -> None:
-    """The quickstart's ServerApp with `from fedstale import MedianBuffer`, run by that
-    virtualenv's `flwr run` on a simulation SuperLink of its own."""
+    """The quickstart's ServerApp with `from fedstale import MedianBuffer`, copied outside
+    the checkout and run by that virtualenv's `flwr run` on a simulation SuperLink of that
+    virtualenv: the wheel's library door at the newest bound."""
     import shutil
 
     from tests.flower_procs import _Deployment
@@ -245,14 +241,16 @@ def test_from_a_fresh_venv_the_library_offers_the_package_rule(fresh: Path, tmp_
         output = run(command, 300, here, {"FLWR_HOME": str(link.home)})
     finally:
         link.stop()
+    assert "Successfully started run" in output
     (folder,) = (here / "runs").iterdir()
     summary = json.loads((folder / "summary.json").read_text())
     assert summary["strategy"] == "median-buffer", output[-3000:]
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    assert (here / "final_model.pt").stat().st_size > 0
 
 
 @pytest.mark.integration
-@pytest.mark.xdist_group("deployments")
+@pytest.mark.xdist_group("venvs")
 def test_from_a_fresh_venv_a_hijack_is_refused(fresh: Path, tmp_path: Path) -> None:
     """A second installed package whose rule declares library="FedBuff": left out with one
     line naming both, `fedstale.FedBuff` still fedstale's, the first package untouched."""

@@ -17,7 +17,7 @@ from tests.superlink_pauses import SuperLinkPauser
 from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, WAIT, wait_until
 from tests.wheel_env import installed
 
-pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("venvs")]
 # (the wheel group: its lower-bound case uses the wheel's virtualenv)
 PAUSES = 3
 UPDATES = 12

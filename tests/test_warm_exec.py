@@ -2,7 +2,8 @@
 its own, forked from one that imported the libraries once, with fresh generators and the
 app's modules not yet imported; other tasks go to Flower's own executor. Its use in a real
 deployment is every test of tests/test_deployment.py (`LocalDeployment` starts it beside
-each SuperNode); tests/test_bounds.py runs it at Flower's lower and newest bound."""
+each SuperNode); tests/test_bounds.py runs it at Flower's lower bound and
+tests/test_rule_package.py at the newest."""
 
 from __future__ import annotations
 

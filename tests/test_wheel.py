@@ -14,7 +14,7 @@ import pytest
 from fedstale.launcher.cli import COMMANDS
 from tests.wheel_env import ROOT, elsewhere, installed, run
 
-pytestmark = pytest.mark.xdist_group("deployments")  # one worker builds the virtualenvs
+pytestmark = pytest.mark.xdist_group("venvs")  # one worker builds the virtualenvs
 
 SHIPPED = {
     "pyproject.toml": "fedstale/app/pyproject.toml",

@@ -104,6 +104,31 @@ def versions(bin_dir: Path) -> dict[str, str]:
     return json.loads(run([bin_dir / "python", "-c", code], 120).strip().splitlines()[-1])
 
 
+def simulate_outside_the_checkout(
+    bin_dir: Path, bound: str, config: str, here: Path, home: Path
+) -> None:
+    """`fedstale run` of that environment in Flower simulation from `here` (its local
+    SuperLink on free ports, FLWR_HOME `home`), checked as a run at `bound`: the versions
+    the environment holds, the same in the run's provenance, and an app bundle holding only
+    the app's description (the SuperLink ran the installed code)."""
+    from fedstale.launcher.ports import free_port
+
+    found = versions(bin_dir)
+    for package, version in EXPECTED[bound].items():
+        assert found[package].startswith(version), (package, found)
+    ports = {
+        "FLWR_HOME": str(home),
+        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
+        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
+    }
+    run([bin_dir / "fedstale", "run", "--run-config", config], 1200, here, ports)
+    name = config.split("run-name=")[1].split()[0]
+    recorded = json.loads((here / "runs" / name / "config.json").read_text())["provenance"]
+    assert {k: recorded[k] for k in ("flwr", "numpy")} == {k: found[k] for k in ("flwr", "numpy")}
+    bundled = [p.name for p in (home / "apps").rglob("*") if p.is_file()]
+    assert bundled == ["pyproject.toml"]
+
+
 def elsewhere(tmp_path: Path) -> Path:
     """A working directory outside the checkout."""
     folder = tmp_path / "elsewhere"
