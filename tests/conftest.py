@@ -31,6 +31,18 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """A SIGTERM (a CI time limit, a job manager, `kill`) ends the session as Ctrl-C does:
+    the running test unwinds, so the `with` blocks and fixtures that started Flower
+    processes stop them. Without this the process died at once and its SuperLinks and
+    SuperNodes, each in a session of its own, kept running."""
+    signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.hookimpl(trylast=True)  # after -k and -m have deselected
 def pytest_collection_modifyitems(
     session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
