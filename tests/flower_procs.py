@@ -46,6 +46,14 @@ def flower_processes_of_this_session() -> list[tuple[int, str]]:
     return found
 
 
+def alive(pid: int) -> bool:
+    """`pid` is a live process (a zombie is not: it has exited, only its entry is left)."""
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 @dataclass
 class _Deployment(LocalDeployment):
     """A LocalDeployment whose processes get `extra` in their environment too."""

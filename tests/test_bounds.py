@@ -28,9 +28,9 @@ def summary(folder: Path) -> dict:
 
 def test_flower_simulation_at_the_lower_bound(tmp_path: Path) -> None:
     bin_dir, here = installed()[1]["lower"], elsewhere(tmp_path)
-    config = f"{TINY} num-clients=4 concurrency=2 max-updates=8 run-name=sim"
-    simulate_outside_the_checkout(bin_dir, "lower", config, here, tmp_path / "flwr-home")
-    assert summary(here / "runs" / "sim")["updates_accepted"] == 8
+    config = f"{TINY} num-clients=4 concurrency=2 max-updates=8"
+    folder = simulate_outside_the_checkout(bin_dir, "lower", config, "sim", here, tmp_path / "home")
+    assert summary(folder)["updates_accepted"] == 8
 
 
 def test_real_deployment_at_the_lower_bound(tmp_path: Path) -> None:

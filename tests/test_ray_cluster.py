@@ -27,7 +27,7 @@ from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.ports import descendants, free_port, start_listening
 from fedstale.launcher.ray_cluster import ray_cluster
 from fedstale.server_app.results import read_jsonl
-from tests.flower_procs import SimulationSuperLink
+from tests.flower_procs import SimulationSuperLink, alive
 
 pytestmark = pytest.mark.xdist_group("deployments")  # a Ray cluster: one at a time
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,14 +38,6 @@ CONFIG = (
     "eval-interval=250 seed=5"
 )
 STOP_SECONDS = 20.0
-
-
-def alive(pid: int) -> bool:
-    """`pid` is a live process (a zombie is not: it has exited, only its entry is left)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
 
 
 class RayCluster:

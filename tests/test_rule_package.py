@@ -185,10 +185,10 @@ def test_from_a_fresh_venv_flower_simulation_takes_the_package_and_its_key(
     from tests.wheel_env import elsewhere, simulate_outside_the_checkout
 
     here = elsewhere(tmp_path)
-    config = f"{RUN} strategy=median-buffer median-scale=0.5 run-name=sim"
-    simulate_outside_the_checkout(fresh, "newest", config, here, tmp_path / "flwr-home")
-    check_run(here / "runs" / "sim")
-    assert json.loads((here / "runs" / "sim" / "config.json").read_text())["median-scale"] == 0.5
+    config = f"{RUN} strategy=median-buffer median-scale=0.5"
+    folder = simulate_outside_the_checkout(fresh, "newest", config, "sim", here, tmp_path / "home")
+    check_run(folder)
+    assert json.loads((folder / "config.json").read_text())["median-scale"] == 0.5
 
 
 @pytest.mark.integration

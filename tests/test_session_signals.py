@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from tests.flower_procs import alive
+
 ROOT = Path(__file__).resolve().parent.parent
 WAITING_TEST = """
 import os, subprocess, sys, time
@@ -26,14 +28,6 @@ def test_waits_with_a_process_of_its_own():
         child.kill()
         child.wait()
 """
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def test_a_sigterm_to_pytest_stops_the_running_tests_processes(tmp_path: Path) -> None:

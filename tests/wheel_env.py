@@ -105,10 +105,11 @@ def versions(bin_dir: Path) -> dict[str, str]:
 
 
 def simulate_outside_the_checkout(
-    bin_dir: Path, bound: str, config: str, here: Path, home: Path
-) -> None:
-    """`fedstale run` of that environment in Flower simulation from `here` (its local
-    SuperLink on free ports, FLWR_HOME `home`), checked as a run at `bound`: the versions
+    bin_dir: Path, bound: str, config: str, name: str, here: Path, home: Path
+) -> Path:
+    """`fedstale run` of that environment in Flower simulation from `here` as run `name`
+    (its local SuperLink on free ports, FLWR_HOME `home`); its run folder. Checked as a run
+    at `bound`: the versions
     the environment holds, the same in the run's provenance, and an app bundle holding only
     the app's description (the SuperLink ran the installed code)."""
     from fedstale.launcher.ports import free_port
@@ -121,12 +122,18 @@ def simulate_outside_the_checkout(
         "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
     }
-    run([bin_dir / "fedstale", "run", "--run-config", config], 1200, here, ports)
-    name = config.split("run-name=")[1].split()[0]
-    recorded = json.loads((here / "runs" / name / "config.json").read_text())["provenance"]
+    run(
+        [bin_dir / "fedstale", "run", "--run-config", f"{config} run-name={name}"],
+        1200,
+        here,
+        ports,
+    )
+    folder = here / "runs" / name
+    recorded = json.loads((folder / "config.json").read_text())["provenance"]
     assert {k: recorded[k] for k in ("flwr", "numpy")} == {k: found[k] for k in ("flwr", "numpy")}
     bundled = [p.name for p in (home / "apps").rglob("*") if p.is_file()]
     assert bundled == ["pyproject.toml"]
+    return folder
 
 
 def elsewhere(tmp_path: Path) -> Path:
