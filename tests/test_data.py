@@ -134,6 +134,22 @@ def test_cifar_archive_download_and_parse(
     assert dataset.num_classes == (10 if name == "cifar10" else 100)
 
 
+def test_digits_are_scikit_learns_without_importing_it() -> None:
+    import subprocess
+    import sys
+
+    from sklearn.datasets import load_digits
+
+    dataset = data.load_digits_dataset()
+    bunch = load_digits()
+    assert np.array_equal(dataset.x_train, (bunch.images / 16.0).astype(np.float32)[:, None])
+    assert np.array_equal(dataset.y_train, bunch.target) and dataset.y_train.dtype == np.int64
+    code = "import sys; from fedstale.common.data import load_digits_dataset as f; f(); "
+    code += "print(sorted(m for m in sys.modules if m.startswith('sklearn')))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+
+
 def test_digits_dataset_has_no_standard_split() -> None:
     dataset = data.load_dataset("digits")
     assert dataset.x_test is None and dataset.input_shape == (1, 8, 8)

@@ -35,7 +35,7 @@ def test_a_sigterm_to_pytest_stops_the_running_tests_processes(tmp_path: Path) -
     pid_file = tmp_path / "child.pid"
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
     command += ["tests.conftest", "--rootdir", str(tmp_path), str(tmp_path / "test_waiting.py")]
-    env = {**os.environ, "CHILD_PID_FILE": str(pid_file)}
+    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), "TEARDOWN_SECONDS": "3"}
     session = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -56,3 +56,73 @@ def test_a_sigterm_to_pytest_stops_the_running_tests_processes(tmp_path: Path) -
     finally:
         if alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+SESSION_FIXTURE_TEST = """
+import os, subprocess, sys, time
+from pathlib import Path
+
+import pytest
+
+@pytest.fixture(scope="session")
+def server():
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True
+    )
+    Path(os.environ["CHILD_PID_FILE"] + os.environ["PYTEST_XDIST_WORKER"]).write_text(
+        str(child.pid)
+    )
+    yield child
+    child.kill()
+    child.wait()
+
+@pytest.mark.parametrize("number", [0, 1])
+def test_waits_on_a_session_server(server, number):
+    time.sleep(300)
+"""
+
+
+def test_a_sigterm_to_a_parallel_session_stops_its_workers_session_fixtures(
+    tmp_path: Path,
+) -> None:
+    """A SIGTERM to a parallel session's process group (a CI job's end) reaches the workers
+    too: each unwinds its running test and tears down its session fixtures (the suite's
+    simulation SuperLink), which may take a while, after the main process has ended."""
+    (tmp_path / "test_server.py").write_text(SESSION_FIXTURE_TEST)
+    pid_file = tmp_path / "child-"
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
+    command += ["tests.conftest", "-n", "2", "--rootdir", str(tmp_path)]
+    command += [str(tmp_path / "test_server.py")]
+    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), "TEARDOWN_SECONDS": "3"}
+    session = subprocess.Popen(
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    files = [tmp_path / f"child-gw{i}" for i in (0, 1)]
+    try:
+        deadline = time.monotonic() + 120
+        while not all(f.is_file() and f.read_text() for f in files):
+            assert session.poll() is None and time.monotonic() < deadline, session.stdout.read()
+            time.sleep(0.2)
+        time.sleep(1.0)  # both tests started
+        children = [int(f.read_text()) for f in files]
+        os.killpg(session.pid, signal.SIGTERM)
+        output, _ = session.communicate(timeout=60)
+    finally:
+        session.kill()
+        session.wait()
+    deadline = time.monotonic() + 20
+    while any(alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    try:
+        assert session.returncode == 2, output
+        assert not any(alive(c) for c in children), output
+    finally:
+        for child in children:
+            if alive(child):
+                os.kill(child, signal.SIGKILL)

@@ -233,3 +233,40 @@ def test_an_overlapping_pulls_error_is_said_once_per_id(caplog: pytest.LogCaptur
         link._overlap_dropped(msg_id)
     said = [r.getMessage() for r in caplog.records if "overlapping pull" in r.getMessage()]
     assert len(said) == 2 and "to a dropped" in said[0] and "to b dropped" in said[1]
+
+
+class PushGrid(UploadGrid):
+    def push_messages(self, messages: list) -> list[str]:
+        return ["sent"]
+
+
+class InMemoryGrid(PushGrid):
+    """Named as Flower simulation's Grid, which the transport polls at the engine's pace."""
+
+
+def test_idle_polls_of_a_real_superlink_back_off_until_a_reply_or_a_send(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    slept: list[float] = []
+    monkeypatch.setattr(transport.time, "sleep", slept.append)
+    monkeypatch.setattr(transport, "Message", lambda *_, **__: None)  # no Flower run here
+    grid = PushGrid()
+    link = GridTransport(grid, ttl=60, pull_wait=1.0)  # type: ignore[arg-type]
+    for _ in range(6):
+        link.wait(0.02)
+    assert slept == pytest.approx([0.02, 0.04, 0.08, 0.16, 0.25, 0.25])
+    grid.finished.add("a")
+    assert ids(link.receive(["a"])) == ["a"]
+    link.wait(0.02)
+    link.wait(0.02)
+    link.send(7, "train", {})
+    link.wait(0.02)
+    assert slept[6:] == pytest.approx([0.02, 0.04, 0.02])
+    link.wait(0.5)  # a poll-interval above the cap is kept
+    assert slept[-1] == 0.5
+
+    slept.clear()
+    simulated = GridTransport(InMemoryGrid(), ttl=60)  # type: ignore[arg-type]
+    for _ in range(4):
+        simulated.wait(0.02)
+    assert slept == [0.02] * 4

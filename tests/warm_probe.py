@@ -20,7 +20,10 @@ def run_clientapp(
     parent_pid: int | None,
     runtime_dependency_install: bool,
 ) -> None:
+    before = set(sys.modules)
+    torch.optim.SGD(torch.nn.Linear(2, 1).parameters(), lr=0.1)
     seen = {
+        "imported_by_an_optimizer": sorted(set(sys.modules) - before),
         "pid": os.getpid(),
         "parent": os.getppid(),
         "numpy": float(np.random.rand()),
@@ -44,7 +47,7 @@ def drive(folder: Path, tokens: list[str]) -> None:
     from fedstale.launcher import warm_exec
 
     warm_exec.RUNTIME = "tests.warm_probe"
-    zygote = warm_exec.Zygote(("numpy", "torch"))
+    zygote = warm_exec.Zygote(warm_exec.PRELOAD)
     try:
         for token in tokens:
             request = {

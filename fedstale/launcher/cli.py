@@ -97,7 +97,8 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
     run_dir = runs_root(run.runs_dir) / run.run_name
     with flower_app(app) as target:
         command = flower_command(target, overrides, federation, run, superlink)
-        print("fedstale: " + shlex.join(command), file=sys.stderr)
+        staged = f" ({target}: the files of {app} that its FAB holds)" if target != app else ""
+        print("fedstale: " + shlex.join(command) + staged, file=sys.stderr)
         started = time.time()
         with owned_local_superlink(superlink) as link:
             if cluster is not None:

@@ -158,29 +158,35 @@ def runs_home(app: Path) -> Path:
 
 @contextmanager
 def flower_app(app: Path) -> Iterator[Path]:
-    """The directory to hand `flwr run`: `app` itself, or a temporary copy of it when Flower
-    needs another pyproject.toml. The shipped app's copy drops the fab-include patterns (they
-    name the checkout's files), so its FAB holds no code and the SuperLink's ServerApp and
-    the ClientApps import the fedstale installed in their environment. When installed rule
+    """The directory to hand `flwr run`: a temporary copy of `app` holding only what its FAB
+    needs. Flower's `flwr run` walks every file under the folder it is given before it
+    applies fab-include (a checkout's .venv and runs/: 3 s of CPU for each run), so an app
+    with fab-include patterns is staged as the files they name and its pyproject.toml, the
+    same FAB. The shipped app's copy drops the fab-include patterns (they name the
+    checkout's files), so its FAB holds no code and the SuperLink's ServerApp and the
+    ClientApps import the fedstale installed in their environment. When installed rule
     packages add keys the app's [tool.flwr.app.config] lacks, the copy declares them with
-    their defaults (Flower refuses a run-config key its app does not name) and holds the
-    files its fab-include names."""
+    their defaults (Flower refuses a run-config key its app does not name)."""
     missing = missing_package_keys(app)
-    if app != PACKAGE_APP and not missing:
-        yield app
-        return
-    import tomli_w  # a dependency of flwr
-
     table = tomllib.loads((app / "pyproject.toml").read_text())
     flower = table["tool"]["flwr"]["app"]
-    flower["config"].update(missing)
+    included = flower.get("fab-include", [])
+    if app != PACKAGE_APP and not missing and not included:
+        yield app
+        return
     with tempfile.TemporaryDirectory(prefix="fedstale-app-") as folder:
-        if app == PACKAGE_APP:
-            for key in ("fab-include", "fab-exclude"):
-                flower.pop(key, None)
+        if app != PACKAGE_APP:
+            copy_included(app, Path(folder), included)
+        if app != PACKAGE_APP and not missing:
+            shutil.copy2(app / "pyproject.toml", folder)
         else:
-            copy_included(app, Path(folder), flower.get("fab-include", []))
-        (Path(folder) / "pyproject.toml").write_text(tomli_w.dumps(table))
+            import tomli_w  # a dependency of flwr
+
+            flower["config"].update(missing)
+            if app == PACKAGE_APP:
+                for key in ("fab-include", "fab-exclude"):
+                    flower.pop(key, None)
+            (Path(folder) / "pyproject.toml").write_text(tomli_w.dumps(table))
         yield Path(folder)
 
 
