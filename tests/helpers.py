@@ -139,7 +139,7 @@ UNKNOWN_STRATEGY = (
 
 def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
-    from fedstale.common.models import ParamLayout
+    from fedstale.common.layout import ParamLayout
     from fedstale.common.run_model import run_model
     from fedstale.server_app.experiment import services_for, setup_for
     from fedstale.strategies.base import ServerModel

@@ -168,3 +168,18 @@ def test_the_door_and_the_strategy_base_grow_no_further() -> None:
     members = [n for n in dir(Strategy) if not n.startswith("_")]
     assert len(hooks) <= 17, hooks
     assert len(members) <= 14, members
+
+
+def test_the_launcher_and_the_rules_load_without_torch() -> None:
+    """torch is imported where a run needs it: `fedstale --help`, `compare` and `deploy`, and
+    any tool reading the rule registry, start in 0.55 s instead of 1.9 s here."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedstale.launcher.cli, fedstale.strategies.registry as r; "
+        "r.declarations(); r.client_rules(); "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'sklearn')))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"

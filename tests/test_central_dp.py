@@ -23,7 +23,7 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedstale.common.config import ConfigError
 from fedstale.common.latency import profile_for
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import CLIPPING_NORM, TaskKeys
 from fedstale.server_app.central_dp import (
     NOISE_STREAM,

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from fedstale.common.latency import profile_for
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import MSG_TRAIN
 from fedstale.server_app.clock import Task
 from fedstale.server_app.engine import Engine, EngineError

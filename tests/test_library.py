@@ -25,7 +25,7 @@ from flwr.serverapp.strategy import Strategy as FlowerStrategy
 import fedstale
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.latency import profile_for
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.schema import InvalidReply, TaskKeys, TaskSpec
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment

@@ -19,7 +19,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 import fedstale
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import RunConfig
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.run_model import data_shape
 from fedstale.common.schema import STALE, TaskSpec, set_key

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedstale.common.models import ParamLayout, build_model, evaluate, get_flat, set_flat
+from fedstale.common.layout import ParamLayout
+from fedstale.common.models import build_model, evaluate, get_flat, set_flat
 
 
 @pytest.mark.parametrize(

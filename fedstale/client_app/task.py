@@ -22,12 +22,8 @@ from fedstale.common.cohort import (
     unbatched_terms,
 )
 from fedstale.common.config import RunConfig
-from fedstale.common.models import (
-    ParamLayout,
-    evaluate,
-    get_flat,
-    set_flat,
-)
+from fedstale.common.layout import ParamLayout
+from fedstale.common.models import evaluate, get_flat, set_flat
 from fedstale.common.objectives import objective
 from fedstale.common.records import ArraySets
 from fedstale.common.run_model import data_shape, run_model

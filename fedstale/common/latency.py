@@ -26,7 +26,6 @@ import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.schema import TaskSpec
-from fedstale.common.training import step_count
 
 PARETO_SHAPE = 1.5
 PROPORTIONAL = "proportional"
@@ -49,6 +48,8 @@ class LatencyProfile:
         if self.samples is not None:
             if task is None:
                 raise ValueError("a proportional latency needs the task's work")
+            from fedstale.common.training import step_count  # torch: not for the launcher
+
             steps = step_count(
                 int(self.samples[client]), task.local_epochs, task.batch_size, task.local_steps
             )

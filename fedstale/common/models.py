@@ -3,14 +3,12 @@ flat-vector views of their parameters, and evaluation."""
 
 from __future__ import annotations
 
-import itertools
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 from torch import nn
 
 from fedstale.common.config import ConfigError, is_reference
+from fedstale.common.layout import ParamLayout
 from fedstale.common.objectives import Objective, objective
 from fedstale.common.references import accepts, call, resolve
 
@@ -149,44 +147,6 @@ def own_model(reference: str, input_shape: tuple[int, ...], num_outputs: int) ->
             f"model={reference}: returned a {type(model).__name__}; {FACTORY_CONTRACT}"
         )
     return model
-
-
-@dataclass(frozen=True)
-class ParamLayout:
-    """Names, shapes and offsets of a model's parameters inside one flat float32 vector."""
-
-    names: tuple[str, ...]
-    shapes: tuple[tuple[int, ...], ...]
-
-    @classmethod
-    def of(cls, model: nn.Module) -> ParamLayout:
-        state = model.state_dict()
-        return cls(tuple(state), tuple(tuple(t.shape) for t in state.values()))
-
-    @property
-    def sizes(self) -> list[int]:
-        return [int(np.prod(shape)) for shape in self.shapes]
-
-    @property
-    def total(self) -> int:
-        return sum(self.sizes)
-
-    def flatten(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
-        return np.concatenate([np.asarray(arrays[n], np.float32).ravel() for n in self.names])
-
-    @property
-    def segments(self) -> list[tuple[int, int]]:
-        """(start, stop) of each parameter tensor in the flat vector, in layout order."""
-        ends = np.cumsum([0, *self.sizes])
-        return [(int(a), int(b)) for a, b in itertools.pairwise(ends)]
-
-    def unflatten(self, flat: np.ndarray) -> dict[str, np.ndarray]:
-        return {
-            name: flat[start:stop].reshape(shape)
-            for name, shape, (start, stop) in zip(
-                self.names, self.shapes, self.segments, strict=True
-            )
-        }
 
 
 def output_width(model: nn.Module, input_shape: tuple[int, ...]) -> int:

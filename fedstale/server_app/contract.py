@@ -18,7 +18,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import (
     RETURN_DELTA,
     InvalidReply,

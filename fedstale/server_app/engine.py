@@ -18,7 +18,7 @@ import numpy as np
 
 from fedstale.common.config import RunConfig, score_row
 from fedstale.common.latency import LatencyProfile
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import ARRAYS, MSG_TRAIN, RETURN_MODEL, InvalidReply, TaskSpec
 from fedstale.common.seeding import task_seed
 from fedstale.server_app.budgets import (

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from fedstale.common.config import RunConfig
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.server_app.clock import Task
 from fedstale.server_app.nodes import Nodes
 from fedstale.server_app.reports import ClientReports, Pending

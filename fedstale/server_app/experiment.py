@@ -15,12 +15,8 @@ from fedstale.common.config import (
     RunConfig,
 )
 from fedstale.common.federation import effective_test_split, federation_of, test_data
-from fedstale.common.models import (
-    ParamLayout,
-    evaluate,
-    get_flat,
-    set_flat,
-)
+from fedstale.common.layout import ParamLayout
+from fedstale.common.models import evaluate, get_flat, set_flat
 from fedstale.common.objectives import objective
 from fedstale.common.run_model import run_model
 from fedstale.common.shares import client_holdout

@@ -38,7 +38,8 @@ from fedstale.common.config import (
     RunConfig,
 )
 from fedstale.common.latency import profile_for
-from fedstale.common.models import ParamLayout, output_width
+from fedstale.common.layout import ParamLayout
+from fedstale.common.models import output_width
 from fedstale.common.records import from_array_record, to_array_record
 from fedstale.server_app import lifecycle
 from fedstale.server_app.contract import FlowerContract

@@ -32,7 +32,7 @@ from fedstale.common.config import (
     summary_score,
 )
 from fedstale.common.latency import LatencyProfile, profile_for
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.server_app import checkpoint
 from fedstale.server_app.central_dp import CentralDP, check_budget, privacy_words
 from fedstale.server_app.contract import Contract

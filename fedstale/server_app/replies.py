@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import InvalidReply, check_arrays, parse_train_metrics
 from fedstale.server_app.clock import Task
 from fedstale.server_app.transport import Reply

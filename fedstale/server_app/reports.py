@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedstale.common.config import RunConfig
-from fedstale.common.models import ParamLayout
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import (
     MSG_EVALUATE,
     InvalidReply,

@@ -11,16 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
-import torch
 
 from fedstale.common.config import RunConfig
-from fedstale.common.models import ParamLayout
-from fedstale.common.objectives import objective
 from fedstale.common.schema import TaskSpec
-from fedstale.common.training import LossTerm, Optimiser, local_train
+
+if TYPE_CHECKING:  # torch where it is used: the rule registry loads without it
+    import torch
+
+    from fedstale.common.layout import ParamLayout
+    from fedstale.common.training import LossTerm
 
 
 @dataclass
@@ -52,6 +54,9 @@ class LocalTask:
         """Local training of the loaded `model` on this client's data as the task's spec
         says (`lr` and `seed` overridden where given: MAFSA's offline rounds); the mean
         training loss. The one place a client trains."""
+        from fedstale.common.objectives import objective
+        from fedstale.common.training import Optimiser, local_train
+
         spec, cfg = self.spec, self.cfg
         return local_train(
             self.model,

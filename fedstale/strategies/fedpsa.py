@@ -22,25 +22,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
-from torch.nn import Module
 
-from fedstale.common.calibration import (
-    SOURCES,
-    Batch,
-    encode,
-    gaussian_batch,
-    real_batch,
-    real_for_task,
-)
 from fedstale.common.config import ConfigError, KebabModel, RunConfig
-from fedstale.common.models import set_flat
 from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
-from fedstale.common.sensitivity import LABELS, loss_gradient, model_sketch, self_labelled
 from fedstale.strategies.base import (
     Assignment,
     ModelServices,
@@ -57,6 +45,14 @@ from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.privacy import CONVEX, Release
 from fedstale.strategies.rule import Rule
+
+# The torch side (calibration batches, sketches, gradients) is imported where it is used, so
+# that the rule registry, and with it every `fedstale` command, loads without torch.
+if TYPE_CHECKING:
+    import torch
+    from torch.nn import Module
+
+    from fedstale.common.calibration import Batch
 
 NORM_TOLERANCE = 1e-3  # relative: the client's ||delta||^2 against the server's
 HISTORY = 256  # global versions kept for the diagnostic (an older base is not scored)
@@ -134,6 +130,8 @@ def task_batch(
     settings: Mapping[str, Any], input_shape: tuple[int, ...], num_classes: int
 ) -> Batch:
     """The calibration batch a task's config names (Sec. 5.2; Table 5)."""
+    from fedstale.common.calibration import SOURCES, gaussian_batch, real_for_task
+
     source = str(settings.get(FedPSAKeys.CALIB_SOURCE, "gaussian"))
     size = int(settings[FedPSAKeys.CALIB_SIZE])
     if source == "gaussian":
@@ -148,12 +146,16 @@ def task_batch(
 
 def calibration_entries(batch: Batch) -> dict[str, Any]:
     """The task entries that carry a real batch (sent once per client)."""
+    from fedstale.common.calibration import encode
+
     raw_x, raw_y, named = encode(batch)
     return {FedPSAKeys.CALIB_X: raw_x, FedPSAKeys.CALIB_Y: raw_y, FedPSAKeys.CALIB_DIGEST: named}
 
 
 def calib_labels(settings: Mapping[str, Any]) -> str:
     """A task's label mode; a task that names none (an older server) means `random`."""
+    from fedstale.common.sensitivity import LABELS
+
     labels = str(settings.get(FedPSAKeys.CALIB_LABELS, "random"))
     if labels not in LABELS:
         raise ValueError(f"calibration labels '{labels}' are not one of {LABELS}")
@@ -170,6 +172,8 @@ def sketch_for_task(
     """The sketch a task's config asks for (eq. 11); the server calls it with the same
     settings and its own copy of the calibration batch. With `self` labels, each model
     sketched (client or global) labels the batch itself."""
+    from fedstale.common.sensitivity import model_sketch, self_labelled
+
     if batch is None:
         batch = task_batch(settings, input_shape, num_classes)
     if calib_labels(settings) == "self":
@@ -207,6 +211,7 @@ def global_sketcher(
 ) -> Sketcher:
     """The sketch of a flat global model, computed as a client computes its own from the
     task entries `settings` (and the real `batch`, or None)."""
+    from fedstale.common.models import set_flat
 
     def sketch_of(flat: np.ndarray) -> np.ndarray:
         set_flat(model.module, flat)
@@ -217,6 +222,11 @@ def global_sketcher(
 
 def gradient_aligner(model: Module, x: torch.Tensor, y: torch.Tensor) -> Aligner:
     """Eq. 21-22 on a held-out batch (x, y): cos(grad L(w_client), grad L(w_server))."""
+    import torch
+
+    from fedstale.common.models import set_flat
+    from fedstale.common.sensitivity import loss_gradient
+
     device = next(model.parameters()).device
     x, y = x.to(device), y.to(device)
 
@@ -236,6 +246,8 @@ def gradient_aligner(model: Module, x: torch.Tensor, y: torch.Tensor) -> Aligner
 
 def diagnostic_batch(x_pool: torch.Tensor, y_pool: torch.Tensor, seed: int) -> Batch:
     """The held-out batch behind the Sec. 6.6 gradients (eq. 21), drawn by the run seed."""
+    from fedstale.common.calibration import real_batch
+
     return real_batch(x_pool, y_pool, seed=seed + 1, size=min(DIAGNOSTIC_BATCH, len(y_pool)))
 
 
@@ -294,6 +306,8 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         the real calibration batch when the rule uses one, the Sec. 6.6 aligner if asked."""
         batch = None
         if self.real_calibration:
+            from fedstale.common.calibration import real_batch
+
             pool = services.held_out("fedpsa-calib-source=real")
             size = self.params.fedpsa_calib_size
             try:

@@ -12,10 +12,9 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedstale.common.config import KebabModel, RunConfig
@@ -34,6 +33,9 @@ from fedstale.strategies.buffer import Buffer
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.privacy import LINEAR, Release
 from fedstale.strategies.rule import Rule
+
+if TYPE_CHECKING:  # torch where it is used: the registry loads without it
+    import torch
 
 FBC, SBC, FUC, SUC = "FBC", "SBC", "FUC", "SUC"  # fast/slow, misaligned ("biased")/aligned
 TYPES = (FBC, SBC, FUC, SUC)
@@ -285,6 +287,8 @@ class FedQSKeys:
 def class_spread(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     """max - min, in points, of `model`'s per-class accuracy on up to 20 samples of each
     class in (x, y) (halved for a class with fewer than 10)."""
+    import torch
+
     device = next(model.parameters()).device
     accuracies = []
     model.eval()

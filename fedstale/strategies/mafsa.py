@@ -16,7 +16,6 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.models import get_flat, set_flat
 from fedstale.common.schema import STALE, keys_of
 from fedstale.strategies.base import Update
 from fedstale.strategies.client import ClientRule, LocalTask
@@ -72,6 +71,8 @@ class StaleTraining(ClientRule):
     mod = "fedstale.client_app.mods:mafsa_mod()"
 
     def after(self, task: LocalTask, trained: np.ndarray, delta: np.ndarray) -> None:
+        from fedstale.common.models import get_flat, set_flat  # torch: not for the registry
+
         schedule = stale_schedule(task.spec.extra, task.spec.seed)
         if not schedule:
             return

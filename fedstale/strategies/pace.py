@@ -34,10 +34,9 @@ momentum 0.9 and weight decay 1e-4. Memory on the server: n models and an n x n 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from fedstale.common.config import KebabModel, RunConfig
@@ -58,6 +57,9 @@ from fedstale.strategies.base import (
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
+
+if TYPE_CHECKING:  # torch where it is used: the registry loads without it
+    import torch
 
 
 class PACEParams(KebabModel):
@@ -128,6 +130,8 @@ class CosineToStart(ClientRule):
         weight = float(task.spec.extra.get(PaceKeys.LAMBDA, 0.0))
         if weight == 0:
             return
+        import torch
+
         params = list(task.model.state_dict(keep_vars=True).values())  # the layout's order
         start = torch.from_numpy(task.start).to(params[0].device)
         task.loss_terms.append(CosineToStartTerm(weight, params, start))
@@ -144,9 +148,13 @@ class CosineToStartTerm:
 
     @staticmethod
     def flat(flat: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+        import torch
+
         return 1.0 - torch.nn.functional.cosine_similarity(flat, start, 0, 1e-12)
 
     def __call__(self, model: torch.nn.Module) -> torch.Tensor:
+        import torch
+
         return self.weight * self.flat(torch.cat([p.reshape(-1) for p in self.params]), self.start)
 
 
