@@ -176,9 +176,21 @@ def build(
 ) -> None:
     flags = [flag for key, value in args.items() for flag in ("--build-arg", f"{key}={value}")]
     command = [*NICE, runtime.engine, "build", "--network", "host", *mounts, "-f", str(dockerfile)]
+    before = image_id(runtime, tag)
     built = _run([*command, *flags, "-t", tag, str(context)], runtime.env, BUILD_TIMEOUT)
     if built.returncode != 0:
         raise RuntimeError(f"building {tag}: {built.stderr[-3000:]}")
+    if before and before != image_id(runtime, tag):
+        # The tag moved: the image it named before (a checkout's earlier build, about 2 GB)
+        # would be left untagged, one per run of the suite from a new clone, until the disk
+        # is full. Removed unless a container still uses it.
+        runtime("rmi", before)
+
+
+def image_id(runtime: Runtime, name: str) -> str:
+    """The id of the image `name` names; "" when there is none."""
+    found = runtime("image", "inspect", "--format", "{{.Id}}", name)
+    return found.stdout.strip() if found.returncode == 0 else ""
 
 
 def build_images(runtime: Runtime) -> dict[str, str]:
