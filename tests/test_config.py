@@ -181,3 +181,28 @@ def test_version_and_a_help_for_every_subcommand(capsys: pytest.CaptureFixture[s
     with pytest.raises(SystemExit) as done:
         main(["nope"])
     assert done.value.code == 2
+
+
+def test_flwr_run_gets_the_checkouts_fab_files_only(tmp_path: Path) -> None:
+    """`flwr run` walks every file under the folder it is given (a checkout's .venv: 3 s),
+    so `fedstale run` hands it a folder of the files fab-include names and the same
+    pyproject.toml; Flower builds the same app bundle from it."""
+    import filecmp
+
+    from fedstale.launcher.launch import flower_app
+
+    root = Path(__file__).resolve().parent.parent
+    with flower_app(root) as staged:
+        assert staged != root
+        assert (staged / "pyproject.toml").read_bytes() == (root / "pyproject.toml").read_bytes()
+        files = sorted(p.relative_to(staged) for p in staged.rglob("*") if p.is_file())
+        assert Path("fedstale/strategies/fedbuff.py") in files
+        assert not [f for f in files if f.parts[0] in (".venv", "tests", "runs", "docs")]
+        assert all(filecmp.cmp(staged / f, root / f, shallow=False) for f in files)
+        flwr = Path(sys.executable).parent / "flwr"
+        for folder, out in ((staged, tmp_path / "staged"), (root, tmp_path / "checkout")):
+            out.mkdir()
+            build = [str(flwr), "build", "--app", str(folder)]
+            subprocess.run(build, cwd=out, check=True, capture_output=True, timeout=300)
+    staged_fab = next((tmp_path / "staged").glob("*.fab")).read_bytes()
+    assert staged_fab == next((tmp_path / "checkout").glob("*.fab")).read_bytes()
