@@ -208,6 +208,34 @@ def test_node_that_disappears_has_its_task_retired() -> None:
     assert len(engine.tasks) == engine.run.concurrency
 
 
+def test_a_node_restarted_for_its_client_takes_over_the_task_in_flight(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A SIGKILLed SuperNode stays listed until the SuperLink misses its heartbeats; the
+    node started again for its partition gets the client at once, and the task the old node
+    held is written off (its reply, should it come, is offered late)."""
+    transport = ScriptedTransport(6, delta_reply, seed=8, max_delay_calls=50)
+    engine = make_engine(transport)
+    engine.wait_for_clients()
+    engine.fill()
+    victim = next(iter(engine.tasks.values()))
+    transport.nodes[5000] = victim.client  # the old node is still listed
+    with caplog.at_level(logging.INFO, logger="fedstale"):
+        for _ in range(200):  # until its query's reply is in (train replies wait meanwhile)
+            engine.refresh_nodes(force=True)
+            if engine.nodes.node_of[victim.client] == 5000:
+                break
+    assert victim.task_id not in engine.tasks
+    said = f"task {victim.task_id} lost: node {victim.node} (client {victim.client}): "
+    assert said + f"client {victim.client} is now served by node 5000" in caplog.text
+    others = [t for t in engine.tasks.values() if t.client != victim.client]
+    assert len(others) == engine.run.concurrency - 1  # no other task touched
+    assert victim.client in engine.nodes.clients and engine.nodes.node_of[victim.client] == 5000
+    engine.fill()
+    assert len(engine.tasks) == engine.run.concurrency
+    assert all(t.node == engine.nodes.node_of[t.client] for t in engine.tasks.values())
+
+
 def test_virtual_time_budget_and_evaluation_schedule() -> None:
     engine = make_engine(ScriptedTransport(6, delta_reply, seed=9))
     engine.run_loop()

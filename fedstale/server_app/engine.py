@@ -533,6 +533,9 @@ class Engine:
         for task in self.book.on_nodes(gone):
             self.retire(task, "node went offline")
         self.nodes.collect(self.transport)
+        for task in self.book.moved(self.nodes.node_of):
+            now_on = self.nodes.node_of[task.client]
+            self.retire(task, f"client {task.client} is now served by node {now_on}")
         topology = self.strategy if isinstance(self.strategy, Topology) else None
         if topology is not None and self.nodes.edge_of != self.edges_bound:
             self.edges_bound = dict(self.nodes.edge_of)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Mapping
 
 from fedstale.server_app.clock import Task
 from fedstale.server_app.transport import Reply
@@ -92,6 +93,16 @@ class TaskBook:
         """Tasks past their deadline with no reply in."""
         return [
             t for t in self.tasks.values() if t.deadline < now and t.task_id not in self.arrived
+        ]
+
+    def moved(self, node_of: Mapping[int, int]) -> list[Task]:
+        """Tasks with no reply in whose client another node now serves: a SuperNode started
+        again after a crash claims its partition long before the SuperLink misses the old
+        node's heartbeats (about a minute), and until then the task held the client."""
+        return [
+            t
+            for t in self.tasks.values()
+            if t.task_id not in self.arrived and node_of.get(t.client, t.node) != t.node
         ]
 
     def on_nodes(self, gone: set[int]) -> list[Task]:
