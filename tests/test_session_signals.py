@@ -30,32 +30,53 @@ def test_waits_with_a_process_of_its_own():
 """
 
 
-def test_a_sigterm_to_pytest_stops_the_running_tests_processes(tmp_path: Path) -> None:
-    (tmp_path / "test_waiting.py").write_text(WAITING_TEST)
-    pid_file = tmp_path / "child.pid"
+def sigterm_session(
+    tmp_path: Path, source: str, pid_files: list[Path], grace: float, *options: str
+) -> None:
+    """pytest (with this suite's conftest) on the test file `source`, in a process group of
+    its own; once every pid file names the process a test or fixture started, a SIGTERM to
+    the group. The session must end as interrupted and, within `grace` seconds, leave none
+    of those processes alive."""
+    (tmp_path / "test_signalled.py").write_text(source)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
-    command += ["tests.conftest", "--rootdir", str(tmp_path), str(tmp_path / "test_waiting.py")]
-    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), "TEARDOWN_SECONDS": "3"}
+    command += ["tests.conftest", *options, "--rootdir", str(tmp_path)]
+    command += [str(tmp_path / "test_signalled.py")]
+    env = {**os.environ, "CHILD_PID_FILE": str(tmp_path / "child-")}
     session = subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 120
-        while not pid_file.is_file() or not pid_file.read_text():
+        while not all(f.is_file() and f.read_text() for f in pid_files):
             assert session.poll() is None and time.monotonic() < deadline, session.stdout.read()
             time.sleep(0.2)
-        child = int(pid_file.read_text())
-        session.send_signal(signal.SIGTERM)
+        time.sleep(1.0 if len(pid_files) > 1 else 0.0)  # every test started
+        children = [int(f.read_text()) for f in pid_files]
+        os.killpg(session.pid, signal.SIGTERM)
         output, _ = session.communicate(timeout=60)
     finally:
         session.kill()
         session.wait()
+    deadline = time.monotonic() + grace
+    while any(alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.2)
     try:
         assert session.returncode == 2, output  # pytest's "interrupted"
-        assert not alive(child), output
+        assert not any(alive(c) for c in children), output
     finally:
-        if alive(child):
-            os.kill(child, signal.SIGKILL)
+        for child in children:
+            if alive(child):
+                os.kill(child, signal.SIGKILL)
+
+
+def test_a_sigterm_to_pytest_stops_the_running_tests_processes(tmp_path: Path) -> None:
+    sigterm_session(tmp_path, WAITING_TEST, [tmp_path / "child-"], 0.0)
 
 
 SESSION_FIXTURE_TEST = """
@@ -87,42 +108,6 @@ def test_a_sigterm_to_a_parallel_session_stops_its_workers_session_fixtures(
 ) -> None:
     """A SIGTERM to a parallel session's process group (a CI job's end) reaches the workers
     too: each unwinds its running test and tears down its session fixtures (the suite's
-    simulation SuperLink), which may take a while, after the main process has ended."""
-    (tmp_path / "test_server.py").write_text(SESSION_FIXTURE_TEST)
-    pid_file = tmp_path / "child-"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
-    command += ["tests.conftest", "-n", "2", "--rootdir", str(tmp_path)]
-    command += [str(tmp_path / "test_server.py")]
-    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), "TEARDOWN_SECONDS": "3"}
-    session = subprocess.Popen(
-        command,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+    simulation SuperLink), which a worker may finish after the main process has ended."""
     files = [tmp_path / f"child-gw{i}" for i in (0, 1)]
-    try:
-        deadline = time.monotonic() + 120
-        while not all(f.is_file() and f.read_text() for f in files):
-            assert session.poll() is None and time.monotonic() < deadline, session.stdout.read()
-            time.sleep(0.2)
-        time.sleep(1.0)  # both tests started
-        children = [int(f.read_text()) for f in files]
-        os.killpg(session.pid, signal.SIGTERM)
-        output, _ = session.communicate(timeout=60)
-    finally:
-        session.kill()
-        session.wait()
-    deadline = time.monotonic() + 20
-    while any(alive(c) for c in children) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    try:
-        assert session.returncode == 2, output
-        assert not any(alive(c) for c in children), output
-    finally:
-        for child in children:
-            if alive(child):
-                os.kill(child, signal.SIGKILL)
+    sigterm_session(tmp_path, SESSION_FIXTURE_TEST, files, 20.0, "-n", "2")

@@ -170,24 +170,25 @@ def flower_app(app: Path) -> Iterator[Path]:
     missing = missing_package_keys(app)
     table = tomllib.loads((app / "pyproject.toml").read_text())
     flower = table["tool"]["flwr"]["app"]
-    included = flower.get("fab-include", [])
-    if app != PACKAGE_APP and not missing and not included:
+    shipped = app == PACKAGE_APP
+    included = [] if shipped else flower.get("fab-include", [])
+    if not (shipped or missing or included):
         yield app
         return
     with tempfile.TemporaryDirectory(prefix="fedstale-app-") as folder:
-        if app != PACKAGE_APP:
-            copy_included(app, Path(folder), included)
-        if app != PACKAGE_APP and not missing:
-            shutil.copy2(app / "pyproject.toml", folder)
-        else:
+        staged = Path(folder)
+        copy_included(app, staged, included)
+        if shipped or missing:
             import tomli_w  # a dependency of flwr
 
             flower["config"].update(missing)
-            if app == PACKAGE_APP:
+            if shipped:
                 for key in ("fab-include", "fab-exclude"):
                     flower.pop(key, None)
-            (Path(folder) / "pyproject.toml").write_text(tomli_w.dumps(table))
-        yield Path(folder)
+            (staged / "pyproject.toml").write_text(tomli_w.dumps(table))
+        else:
+            shutil.copy2(app / "pyproject.toml", staged)
+        yield staged
 
 
 def missing_package_keys(app: Path) -> dict[str, Any]:
