@@ -63,6 +63,7 @@ class ScriptedTransport:
         self.pending: dict[str, tuple[int, Reply]] = {}
         self.sent: list[tuple[int, str, dict[str, Any]]] = []
         self.counter = 0
+        self.receives = 0
 
     def node_ids(self) -> list[int]:
         return sorted(self.nodes)
@@ -86,6 +87,7 @@ class ScriptedTransport:
         time.sleep(seconds)
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
+        self.receives += 1
         ready = []
         for msg_id in list(msg_ids):
             if msg_id not in self.pending:
@@ -97,6 +99,32 @@ class ScriptedTransport:
             else:
                 self.pending[msg_id] = (wait - 1, reply)
         return ready
+
+
+class PolledTime:
+    """Stands in for the `time` module of the engine and its evaluation reports: its
+    `monotonic()` moves `step` seconds per `receive` of the scripted transport, so a
+    task-timeout counts polls, and a busy machine (a process paused for 0.2 s) cannot make
+    a reply that was ready count as late."""
+
+    sleep = staticmethod(time.sleep)
+    time = staticmethod(time.time)
+
+    def __init__(self, transport: ScriptedTransport, step: float = 0.01) -> None:
+        self.transport, self.step = transport, step
+
+    def monotonic(self) -> float:
+        return 1000.0 + self.transport.receives * self.step
+
+
+def use_polled_time(monkeypatch: Any, transport: ScriptedTransport) -> None:
+    """Make the engine's deadlines count `transport`'s polls (see PolledTime); call it
+    before the engine is built."""
+    from fedstale.server_app import engine, reports
+
+    fake = PolledTime(transport)
+    monkeypatch.setattr(engine, "time", fake)
+    monkeypatch.setattr(reports, "time", fake)
 
 
 def delta_reply(

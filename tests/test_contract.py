@@ -36,7 +36,13 @@ from fedstale.strategies.base import (
     View,
     update_record,
 )
-from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+from tests.helpers import (
+    ListRecorder,
+    ScriptedTransport,
+    delta_reply,
+    run_config,
+    use_polled_time,
+)
 from tests.test_engine import LAYOUT, TaskHistoryEngine
 
 SETTINGS = {
@@ -246,9 +252,10 @@ class EvaluatingTransport(ScriptedTransport):
 
 
 def test_per_client_evaluation_on_a_deployment_goes_through_evaluate_messages(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     transport = EvaluatingTransport(6, delta_reply, seed=6)
+    use_polled_time(monkeypatch, transport)
     engine = engine_for(Personal, transport, **{"task-timeout": 0.3})
     assert engine.scores.by_message  # not simulated: the clients score their own models
     with caplog.at_level(logging.WARNING, logger="fedstale"):
@@ -311,19 +318,25 @@ def last_scores(engine: TaskHistoryEngine, sent: dict[int, tuple[int, float]], a
 
 
 def reporting_run(
-    strategy_cls: type[Strategy], seed: int, faults: Mapping[int, dict[str, Any]] | None = None
+    monkeypatch: pytest.MonkeyPatch,
+    strategy_cls: type[Strategy],
+    seed: int,
+    faults: Mapping[int, dict[str, Any]] | None = None,
 ) -> tuple[TaskHistoryEngine, ReportingTransport, dict[int, tuple[int, float]]]:
     """A deployment-like run whose train replies report scores: engine, transport, and
     task id -> (client, accuracy reported)."""
     sent: dict[int, tuple[int, float]] = {}
     transport = ReportingTransport(6, scoring_reply(sent, faults), seed=seed)
+    use_polled_time(monkeypatch, transport)
     engine = engine_for(strategy_cls, transport, **{"task-timeout": 0.3})
     engine.run_loop()
     return engine, transport, sent
 
 
-def test_a_deployment_evaluation_uses_the_scores_train_replies_carry() -> None:
-    engine, transport, sent = reporting_run(Personal, seed=11)
+def test_a_deployment_evaluation_uses_the_scores_train_replies_carry(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine, transport, sent = reporting_run(monkeypatch, Personal, seed=11)
     rows = engine.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
     first = {}  # the first evaluation: each client's first task, all sent at time 0
@@ -345,8 +358,8 @@ class NeverClient2(Personal):
         return Plan([self.assign(c, view) for c in view.idle[: view.capacity] if c != 2])
 
 
-def test_an_idle_client_still_gets_an_evaluate_message() -> None:
-    engine, transport, sent = reporting_run(NeverClient2, seed=12)
+def test_an_idle_client_still_gets_an_evaluate_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine, transport, sent = reporting_run(monkeypatch, NeverClient2, seed=12)
     rows = engine.recorder.metrics  # type: ignore[attr-defined]
     asked = [transport.nodes[s[0]] for s in transport.sent if s[1] == MSG_EVALUATE]
     assert asked.count(2) == len(rows) == 7  # at every evaluation
@@ -369,10 +382,13 @@ def test_an_idle_client_still_gets_an_evaluate_message() -> None:
     ],
 )
 def test_a_malformed_score_in_a_train_reply_is_rejected_and_logged(
-    fault: dict[str, Any], reason: str, caplog: pytest.LogCaptureFixture
+    fault: dict[str, Any],
+    reason: str,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="fedstale"):
-        engine, _, _ = reporting_run(Personal, seed=13, faults={8: fault})
+        engine, _, _ = reporting_run(monkeypatch, Personal, seed=13, faults={8: fault})
     lines = [r.getMessage() for r in caplog.records if "rejected score" in r.getMessage()]
     client = engine.history[8].client
     assert lines == [
@@ -407,9 +423,10 @@ class DeadEvaluator(EvaluatingTransport):
 
 @pytest.mark.parametrize("refuse", [False, True])
 def test_a_dead_nodes_evaluation_failures_are_logged_once(
-    refuse: bool, caplog: pytest.LogCaptureFixture
+    refuse: bool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     transport = DeadEvaluator(6, delta_reply, seed=14, refuse=refuse)
+    use_polled_time(monkeypatch, transport)
     engine = engine_for(Personal, transport, **{"task-timeout": 0.3})
     with caplog.at_level(logging.WARNING, logger="fedstale"):
         engine.run_loop()
@@ -538,11 +555,12 @@ class Silent(ScriptedTransport):
 
 
 def test_a_task_past_its_deadline_is_retired_and_the_run_goes_on(
-    caplog: pytest.LogCaptureFixture,
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from tests.test_engine import Recording
 
     transport = Silent(6, delta_reply, seed=9)
+    use_polled_time(monkeypatch, transport)
     engine = engine_for(Recording, transport, concurrency=3, **{"task-timeout": 0.2})
     with caplog.at_level(logging.WARNING, logger="fedstale"):
         engine.run_loop()

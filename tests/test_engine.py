@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -383,35 +383,48 @@ def test_update_budget_counts_accepted_updates() -> None:
 
 
 class HoldingBack(ScriptedTransport):
-    """Holds the replies of tasks `held` back for `seconds` of wall time after their send
-    (a node that answers after the task timeout), then hands each out `copies` times."""
+    """Holds back the replies of tasks `held` until `released()` says so (a node that answers
+    after its task timed out), then hands each out `copies` times."""
 
-    def __init__(self, *args: Any, held: set[int], seconds: float, copies: int = 1, **kw: Any):
+    def __init__(self, *args: Any, held: set[int], copies: int = 1, **kw: Any):
         super().__init__(*args, **kw)
-        self.held, self.seconds, self.copies = held, seconds, copies
-        self.release: dict[str, float] = {}
+        self.held, self.copies = held, copies
+        self.held_msgs: set[str] = set()
+        self.released: Callable[[], bool] = lambda: True
 
     def send(self, node_id, message_type, config, arrays=None, sets=None) -> str:  # type: ignore[no-untyped-def]
         msg_id = super().send(node_id, message_type, config, arrays, sets)
         if message_type == MSG_TRAIN and config["task-id"] in self.held:
-            self.release[msg_id] = time.monotonic() + self.seconds
+            self.held_msgs.add(msg_id)
         return msg_id
 
     def receive(self, msg_ids: Iterable[str]) -> list[Reply]:
         asked = list(msg_ids)
-        now = time.monotonic()
-        held = [m for m in asked if self.release.get(m, 0.0) > now]
-        replies = super().receive([m for m in asked if m not in held])
-        for reply in [r for r in replies if r.msg_id in self.release]:
+        if not self.released():
+            asked = [m for m in asked if m not in self.held_msgs]
+        replies = super().receive(asked)
+        for reply in [r for r in replies if r.msg_id in self.held_msgs]:
             replies += [reply] * (self.copies - 1)
         return replies
 
 
 def late_run(strategy_cls: type[Strategy], copies: int = 1) -> TaskHistoryEngine:
-    transport = HoldingBack(6, delta_reply, seed=3, held={1}, seconds=0.6, copies=copies)
+    """Task 1 times out as soon as it is sent, and its reply comes once two more rounds'
+    worth of updates are in. Only task 1 has a deadline that can pass, so how busy the
+    machine is changes nothing (a 0.2 s task-timeout for all once failed under load)."""
+    transport = HoldingBack(6, delta_reply, seed=3, held={1}, copies=copies)
     engine = make_engine(
-        transport, strategy_cls, task_timeout=0.2, max_virtual_time=0.0, max_wall_seconds=1.5
+        transport, strategy_cls, task_timeout=600.0, max_virtual_time=0.0, max_updates=30
     )
+    transport.released = lambda: 1 not in engine.book.tasks and engine.counters.accepted >= 6
+    dispatch = engine.dispatch
+
+    def dispatch_then_expire_task_1(assignment: Assignment) -> None:
+        dispatch(assignment)
+        if 1 in engine.book.tasks:
+            engine.book.tasks[1].deadline = 0.0
+
+    engine.dispatch = dispatch_then_expire_task_1  # type: ignore[method-assign]
     engine.run_loop()
     return engine
 

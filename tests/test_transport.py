@@ -97,7 +97,7 @@ def test_a_stalled_upload_does_not_hold_up_other_replies(caplog: pytest.LogCaptu
         grid.finished.add("b")
         started = time.monotonic()
         assert ids(link.receive(["a", "b"])) == ["b"]
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 5.0  # blocked, it would wait out the 10 s stall
         assert ids(link.receive(["a"])) == []
     assert sum("reply pull has run" in r.message for r in caplog.records) == 1
     grid.resume.set()
