@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from fedstale.launcher.deploy import stop_tree, wait_for_port
+from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, parse_pairs, tool
 from fedstale.launcher.local import local_transport
-from fedstale.launcher.ports import free_port
+from fedstale.launcher.local_link import PORT_ENV, healthy
+from fedstale.launcher.ports import start_listening
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
@@ -201,10 +203,11 @@ def flower_processes() -> set[tuple[int, str]]:
 
 
 def local_connection_env(tmp_path: Path) -> dict[str, str]:
-    """Flower's default `local` connection (a FLWR_HOME of its own), on free local ports."""
+    """Flower's default `local` connection with a FLWR_HOME of its own. No port is fixed:
+    `fedstale run` then starts its SuperLink on a port it holds until the SuperLink listens
+    (fedstale/launcher/ports.py), so no other process can take it in between."""
     env = flower_env(FLWR_HOME=str(tmp_path / "flwr-home"))
-    env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"] = str(free_port())
-    env["FLWR_LOCAL_CONTROL_API_PORT"] = str(free_port())
+    env.pop(PORT_ENV, None)
     return env
 
 
@@ -224,20 +227,23 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
     assert flower_processes() - before == set()
 
     link = [tool("flower-superlink"), "--insecure", "--simulation", "--isolation", "subprocess"]
-    control = f"127.0.0.1:{env['FLWR_LOCAL_CONTROL_API_PORT']}"
-    port = env["FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"]
-    theirs = subprocess.Popen(
-        [*link, "--control-api-address", control, "--host", "127.0.0.1", "--port", port],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+
+    def launch(port: int) -> subprocess.Popen:
+        return spawn(
+            [*link, "--host", "127.0.0.1", "--port", str(port)], env, tmp_path / "theirs.log"
+        )
+
+    theirs, port = start_listening(
+        launch, "their SuperLink", tmp_path / "theirs.log", stop=stop_tree
     )
     try:
-        wait_for_port(int(port), 30, theirs, "superlink")
+        deadline = time.monotonic() + 30
+        while not healthy(str(port)):
+            assert theirs.poll() is None and time.monotonic() < deadline, "their SuperLink"
+            time.sleep(0.2)
         result = subprocess.run(
             [*command, f"{config} run-name=reused"],
-            env=env,
+            env={**env, PORT_ENV: str(port)},
             capture_output=True,
             text=True,
             timeout=300,

@@ -12,7 +12,7 @@ import pytest
 
 from fedstale.common.config import ConfigError
 from fedstale.launcher.local_link import await_remote
-from fedstale.launcher.ports import free_port
+from fedstale.launcher.ports import free_port, reserved_port
 
 
 def connection(home: Path, port: int, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -37,22 +37,22 @@ def test_nothing_listening_is_one_line_after_the_wait(
 def test_a_superlink_that_comes_up_late_is_waited_for(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    port = free_port()
-    connection(tmp_path, port, monkeypatch)
-    handler = http.server.BaseHTTPRequestHandler  # any answer counts, a 501 too
-    server = http.server.HTTPServer(("127.0.0.1", port), handler, bind_and_activate=False)
+    with reserved_port() as port:  # held until the server binds it (SO_REUSEADDR)
+        connection(tmp_path, port, monkeypatch)
+        handler = http.server.BaseHTTPRequestHandler  # any answer counts, a 501 too
+        server = http.server.HTTPServer(("127.0.0.1", port), handler, bind_and_activate=False)
 
-    def listen_and_serve() -> None:
-        server.server_bind()
-        server.server_activate()
-        server.serve_forever()
+        def listen_and_serve() -> None:
+            server.server_bind()
+            server.server_activate()
+            server.serve_forever()
 
-    later = threading.Timer(2.0, listen_and_serve)
-    later.start()
-    try:
-        await_remote("box", timeout=30.0)
-    finally:
-        server.shutdown()
-        later.join()
-        server.server_close()
+        later = threading.Timer(2.0, listen_and_serve)
+        later.start()
+        try:
+            await_remote("box", timeout=30.0)
+        finally:
+            server.shutdown()
+            later.join()
+            server.server_close()
     assert "waiting for the SuperLink at 127.0.0.1" in capsys.readouterr().err

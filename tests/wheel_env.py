@@ -108,25 +108,19 @@ def simulate_outside_the_checkout(
     bin_dir: Path, bound: str, config: str, name: str, here: Path, home: Path
 ) -> Path:
     """`fedstale run` of that environment in Flower simulation from `here` as run `name`
-    (its local SuperLink on free ports, FLWR_HOME `home`); its run folder. Checked as a run
+    (FLWR_HOME `home`; no port fixed, so the SuperLink it starts holds a port of its own
+    from the start); its run folder. Checked as a run
     at `bound`: the versions
     the environment holds, the same in the run's provenance, and an app bundle holding only
     the app's description (the SuperLink ran the installed code)."""
-    from fedstale.launcher.ports import free_port
-
     found = versions(bin_dir)
     for package, version in EXPECTED[bound].items():
         assert found[package].startswith(version), (package, found)
-    ports = {
-        "FLWR_HOME": str(home),
-        "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT": str(free_port()),
-        "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
-    }
     run(
         [bin_dir / "fedstale", "run", "--run-config", f"{config} run-name={name}"],
         1200,
         here,
-        ports,
+        {"FLWR_HOME": str(home)},
     )
     folder = here / "runs" / name
     recorded = json.loads((folder / "config.json").read_text())["provenance"]
