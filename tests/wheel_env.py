@@ -109,10 +109,9 @@ def simulate_outside_the_checkout(
 ) -> Path:
     """`fedstale run` of that environment in Flower simulation from `here` as run `name`
     (FLWR_HOME `home`; no port fixed, so the SuperLink it starts holds a port of its own
-    from the start); its run folder. Checked as a run
-    at `bound`: the versions
-    the environment holds, the same in the run's provenance, and an app bundle holding only
-    the app's description (the SuperLink ran the installed code)."""
+    from the start); its run folder. Checked as a run at `bound`: the versions the
+    environment holds, the same in the run's provenance, and an app bundle holding only the
+    app's description (the SuperLink ran the installed code)."""
     found = versions(bin_dir)
     for package, version in EXPECTED[bound].items():
         assert found[package].startswith(version), (package, found)
