@@ -95,6 +95,34 @@ def thief(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> It
     taker.close()
 
 
+class SlowToList(LocalDeployment):
+    """A deployment whose `flwr supernode ls` fails (None: timed out) `failures` times, then
+    lists every node online; no process is started."""
+
+    def __init__(self, home: Path, failures: int) -> None:
+        super().__init__(home, 3)
+        self.answers = [None] * failures
+        self.timeouts: list[float] = []
+
+    def online_nodes(self, timeout: float = deploy.LIST_SECONDS) -> int | None:
+        self.timeouts.append(timeout)
+        return self.answers.pop(0) if self.answers else 3
+
+
+def test_a_slow_or_failed_node_listing_is_asked_again_until_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once, under load, the lower bound's first `flwr supernode ls` took over its 30 s while
+    every node was up, and the deployment failed at once; the wait now asks again."""
+    monkeypatch.setattr(deploy.time, "sleep", lambda _: None)
+    slow = SlowToList(tmp_path, failures=2)
+    slow.await_online(3, timeout=60.0)
+    assert len(slow.timeouts) == 3 and all(t >= deploy.LIST_SECONDS for t in slow.timeouts)
+    never = SlowToList(tmp_path, failures=10**6)
+    with pytest.raises(LaunchError, match=r"did not list its SuperNodes .* within 0.2 s"):
+        never.await_online(3, timeout=0.2)
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("thief", [{0: 1, 2: 2}], indirect=True)
 def test_nodes_whose_ports_are_taken_first_start_on_others_and_all_are_online(

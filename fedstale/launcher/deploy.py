@@ -51,6 +51,7 @@ from fedstale.launcher.ports import (
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
 ONLINE_SECONDS = 60.0  # for every SuperNode started to register with the SuperLink
+LIST_SECONDS = 30.0  # at least, for one `flwr supernode ls` (a first start compiles Flower)
 # Wall-clock defaults of a deployment; the user's --run-config wins.
 WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
 
@@ -306,13 +307,13 @@ class LocalDeployment:
             self.await_online(len(self.nodes))
         return self
 
-    def online_nodes(self) -> int | None:
+    def online_nodes(self, timeout: float = LIST_SECONDS) -> int | None:
         """SuperNodes the SuperLink lists as online (`flwr supernode ls`); None when it
-        cannot be asked."""
+        cannot be asked within `timeout`."""
         command = [self.tool("flwr"), "supernode", "ls", CONNECTION, "--format", "json"]
         try:
             result = subprocess.run(
-                command, env=self.env, capture_output=True, text=True, timeout=30, check=False
+                command, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
             )
             listing = json.loads(result.stdout)
         except (subprocess.TimeoutExpired, json.JSONDecodeError):
@@ -323,18 +324,21 @@ class LocalDeployment:
 
     def await_online(self, wanted: int, timeout: float = ONLINE_SECONDS) -> None:
         """Every SuperNode started is alive and registered with the SuperLink, or one
-        LaunchError line naming the first that is not (its log, the cause read from it)."""
+        LaunchError line naming the first that is not (its log, the cause read from it).
+        An ask that fails or runs long is asked again until the deadline: on a busy machine
+        the `flwr` CLI alone once took over 30 s to start."""
         deadline = time.monotonic() + timeout
-        online = self.online_nodes()
-        while online is not None and online < wanted and time.monotonic() < deadline:
+        while True:
             self.check_nodes_alive()
+            online = self.online_nodes(max(LIST_SECONDS, deadline - time.monotonic()))
+            if (online is not None and online >= wanted) or time.monotonic() >= deadline:
+                break
             time.sleep(0.5)
-            online = self.online_nodes()
         self.check_nodes_alive()
         if online is None:
             raise LaunchError(
                 f"the SuperLink on {self.address} did not list its SuperNodes "
-                f"(flwr supernode ls); its log: {self.home / 'superlink.log'}"
+                f"(flwr supernode ls) within {timeout:g} s; its log: {self.home / 'superlink.log'}"
             )
         if online < wanted:
             raise LaunchError(
