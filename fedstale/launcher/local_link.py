@@ -27,9 +27,11 @@ import httpx
 from fedstale.common.config import ConfigError
 from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, tool
-from fedstale.launcher.ports import start_listening
+from fedstale.launcher.ports import LISTEN_SECONDS, start_listening
 
-STARTUP_SECONDS = 30.0
+# As long as for any process the launcher starts: a first start in a new virtualenv compiles
+# Flower, and on a loaded machine the first `flwr` command there once took over 30 s.
+STARTUP_SECONDS = LISTEN_SECONDS
 PORT_ENV = "FLWR_LOCAL_SUPERLINK_HTTP_API_PORT"  # Flower's: where `flwr run` finds it
 REMOTE_WAIT_SECONDS = 90.0  # a SuperLink container just brought up answers after ~10 s
 
