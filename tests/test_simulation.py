@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import pytest
 from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, parse_pairs, tool
 from fedstale.launcher.local import local_transport
-from fedstale.launcher.local_link import PORT_ENV, healthy
+from fedstale.launcher.local_link import PORT_ENV, await_healthy
 from fedstale.launcher.ports import start_listening
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
@@ -237,10 +236,7 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
         launch, "their SuperLink", tmp_path / "theirs.log", stop=stop_tree
     )
     try:
-        deadline = time.monotonic() + 30
-        while not healthy(str(port)):
-            assert theirs.poll() is None and time.monotonic() < deadline, "their SuperLink"
-            time.sleep(0.2)
+        await_healthy(theirs, port, tmp_path / "theirs.log", timeout=30)
         result = subprocess.run(
             [*command, f"{config} run-name=reused"],
             env={**env, PORT_ENV: str(port)},

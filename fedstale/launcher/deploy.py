@@ -20,7 +20,6 @@ import json
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -54,18 +53,6 @@ ONLINE_SECONDS = 60.0  # for every SuperNode started to register with the SuperL
 LIST_SECONDS = 30.0  # at least, for one `flwr supernode ls` (a first start compiles Flower)
 # Wall-clock defaults of a deployment; the user's --run-config wins.
 WALL_DEFAULTS: dict[str, Any] = {"clock": "wall", "eval-interval": 10.0, "max-virtual-time": 300.0}
-
-
-def wait_for_port(port: int, timeout: float, process: subprocess.Popen, name: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name} exited with code {process.returncode}")
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise TimeoutError(f"{name}: nothing listens on 127.0.0.1:{port} after {timeout} s")
 
 
 def stop(process: subprocess.Popen, grace: float = 15.0) -> None:

@@ -76,6 +76,20 @@ def healthy(port: str) -> bool:
         return False
 
 
+def await_healthy(
+    process: subprocess.Popen, port: int, log_file: Path, timeout: float = STARTUP_SECONDS
+) -> None:
+    """Wait until the SuperLink `process` started on `port` answers its health check; one
+    line naming its log when it exits or `timeout` passes first."""
+    deadline = time.monotonic() + timeout
+    while not healthy(str(port)):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise ConfigError(
+                f"the local SuperLink on 127.0.0.1:{port} did not answer (see {log_file})"
+            )
+        time.sleep(0.2)
+
+
 def answers(address: str, insecure: bool, root_certificates: str | None) -> bool:
     """Something serves HTTP at the SuperLink's address (any status: `flwr run` judges the
     rest, and a TLS failure too); False while nothing accepts or a proxy resets."""
@@ -178,13 +192,7 @@ def owned_local_superlink(connection_name: str) -> Iterator[LocalLink]:
             timeout=STARTUP_SECONDS,
             stop=stop_tree,
         )
-        deadline = time.monotonic() + STARTUP_SECONDS
-        while not healthy(str(chosen)):
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise ConfigError(
-                    f"the local SuperLink on 127.0.0.1:{chosen} did not answer (see {log_file})"
-                )
-            time.sleep(0.2)
+        await_healthy(process, chosen, log_file)
         yield LocalLink(process, {PORT_ENV: str(chosen)})
     finally:
         if process is not None:
