@@ -76,11 +76,14 @@ def build_wheel(dist: Path) -> Path:
 
 
 def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
-    """A fresh virtualenv with CPU torch, then the wheel (and `pins`); its bin folder."""
+    """A fresh virtualenv with CPU torch, then the wheel (and `pins`); its bin folder.
+    Byte-compiled as pip does by default: without `.pyc` files the first start of each Flower
+    and Ray process compiles its imports, and Ray's raylet gives its dashboard agent a fixed
+    15 s to start (ray-project/ray#65983), which a loaded machine missed."""
     run([sys.executable, "-m", "venv", venv], 120)
     pip = venv / "bin" / "pip"
-    run([pip, "install", "-q", "--no-compile", TORCH], INSTALL_SECONDS)
-    run([pip, "install", "-q", "--no-compile", wheel, *pins], INSTALL_SECONDS)
+    run([pip, "install", "-q", TORCH], INSTALL_SECONDS)
+    run([pip, "install", "-q", wheel, *pins], INSTALL_SECONDS)
     return venv / "bin"
 
 
