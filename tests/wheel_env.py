@@ -14,12 +14,16 @@ import atexit
 import functools
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
+from importlib import metadata
 from pathlib import Path
+
+from packaging.requirements import Requirement
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
@@ -76,15 +80,66 @@ def build_wheel(dist: Path) -> Path:
 
 
 def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
-    """A fresh virtualenv with CPU torch, then the wheel (and `pins`); its bin folder.
-    Byte-compiled as pip does by default: without `.pyc` files the first start of each Flower
-    and Ray process compiles its imports, and Ray's raylet gives its dashboard agent a fixed
-    15 s to start (ray-project/ray#65983), which a loaded machine missed."""
+    """A fresh virtualenv with CPU torch (linked from this environment where it has that
+    build, else installed), then the wheel (and `pins`); its bin folder. Byte-compiled as
+    pip does by default: without `.pyc` files the first start of each Flower and Ray process
+    compiles its imports, and Ray's raylet gives its dashboard agent a fixed 15 s to start
+    (ray-project/ray#65983), which a loaded machine missed."""
     run([sys.executable, "-m", "venv", venv], 120)
     pip = venv / "bin" / "pip"
-    run([pip, "install", "-q", TORCH], INSTALL_SECONDS)
+    if not link_torch(site_packages(venv)):
+        run([pip, "install", "-q", TORCH], INSTALL_SECONDS)
     run([pip, "install", "-q", wheel, *pins], INSTALL_SECONDS)
     return venv / "bin"
+
+
+def site_packages(venv: Path) -> Path:
+    (folder,) = venv.glob("lib/python3.*/site-packages")
+    return folder
+
+
+def link_torch(target: Path) -> bool:
+    """Hard-link this interpreter's torch (the same CPU build) and the distributions it
+    needs, as pip installed and compiled them, into `target`, instead of unpacking and
+    compiling them again for each virtualenv; False, with nothing linked, where this
+    environment's torch is not that build or another filesystem holds it. Distributions the
+    fresh virtualenv already has (pip, setuptools) stay its own."""
+    try:
+        if metadata.version("torch").split("+")[0] != TORCH.split("==")[1]:
+            return False
+    except metadata.PackageNotFoundError:
+        return False
+    have = {named(d) for d in metadata.distributions(path=[str(target)])}
+    chosen = [d for d in requirement_closure("torch") if named(d) not in have]
+    files = [(Path(str(d.locate_file(f))), f) for d in chosen for f in d.files or []]
+    inside = [(source, f) for source, f in files if ".." not in f.parts and source.is_file()]
+    if os.stat(inside[0][0]).st_dev != os.stat(target).st_dev:
+        return False
+    for source, relative in inside:
+        (target / relative).parent.mkdir(parents=True, exist_ok=True)
+        os.link(source, target / relative)  # the same inode: .pyc headers still match
+    return True
+
+
+def named(dist: metadata.Distribution) -> str:
+    return re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+
+
+def requirement_closure(name: str) -> list[metadata.Distribution]:
+    """`name`'s distribution and, recursively, those its unconditional requirements name."""
+    found: dict[str, metadata.Distribution] = {}
+    todo = [name]
+    while todo:
+        dist = metadata.distribution(todo.pop())
+        key = named(dist)
+        if key in found:
+            continue
+        found[key] = dist
+        for line in dist.requires or []:
+            requirement = Requirement(line)
+            if requirement.marker is None or requirement.marker.evaluate({"extra": ""}):
+                todo.append(requirement.name)
+    return list(found.values())
 
 
 @functools.cache
