@@ -113,8 +113,12 @@ def link_torch(target: Path) -> bool:
     chosen = [d for d in requirement_closure("torch") if named(d) not in have]
     files = [(Path(str(d.locate_file(f))), f) for d in chosen for f in d.files or []]
     inside = [(source, f) for source, f in files if ".." not in f.parts and source.is_file()]
-    if os.stat(inside[0][0]).st_dev != os.stat(target).st_dev:
+    probe = target / ".link-probe"
+    try:  # another filesystem, or a bind mount of the same one, refuses links (EXDEV)
+        os.link(inside[0][0], probe)
+    except OSError:
         return False
+    probe.unlink()
     for source, relative in inside:
         (target / relative).parent.mkdir(parents=True, exist_ok=True)
         os.link(source, target / relative)  # the same inode: .pyc headers still match
