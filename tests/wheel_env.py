@@ -14,7 +14,6 @@ import atexit
 import functools
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from importlib import metadata
 from pathlib import Path
 
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
@@ -126,7 +126,7 @@ def link_torch(target: Path) -> bool:
 
 
 def named(dist: metadata.Distribution) -> str:
-    return re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+    return canonicalize_name(dist.metadata["Name"])
 
 
 def requirement_closure(name: str) -> list[metadata.Distribution]:
