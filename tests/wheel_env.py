@@ -24,6 +24,7 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
@@ -80,15 +81,19 @@ def build_wheel(dist: Path) -> Path:
 
 
 def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
-    """A fresh virtualenv with CPU torch (linked from this environment where it has that
-    build, else installed), then the wheel (and `pins`); its bin folder. Byte-compiled as
-    pip does by default: without `.pyc` files the first start of each Flower and Ray process
-    compiles its imports, and Ray's raylet gives its dashboard agent a fixed 15 s to start
-    (ray-project/ray#65983), which a loaded machine missed."""
+    """A fresh virtualenv with CPU torch, then the wheel (and `pins`), as pip resolves them
+    there; its bin folder. Byte-compiled as pip does by default: without `.pyc` files the
+    first start of each Flower and Ray process compiles its imports, and Ray's raylet gives
+    its dashboard agent a fixed 15 s to start (ray-project/ray#65983), which a loaded machine
+    missed. Each distribution pip resolves to the very version this environment holds is
+    hard-linked from here (unpacked and compiled already) rather than installed again; pip
+    then installs the rest and checks every requirement, as a user's install does."""
     run([sys.executable, "-m", "venv", venv], 120)
     pip = venv / "bin" / "pip"
-    if not link_torch(site_packages(venv)):
+    if not (runners_torch_is_cpu_build() and link(requirement_closure("torch"), venv)):
         run([pip, "install", "-q", TORCH], INSTALL_SECONDS)
+    else:
+        link(same_as_here(resolved(pip, venv / "resolved.json", wheel, pins)), venv)
     run([pip, "install", "-q", wheel, *pins], INSTALL_SECONDS)
     return venv / "bin"
 
@@ -98,31 +103,71 @@ def site_packages(venv: Path) -> Path:
     return folder
 
 
-def link_torch(target: Path) -> bool:
-    """Hard-link this interpreter's torch (the same CPU build) and the distributions it
-    needs, as pip installed and compiled them, into `target`, instead of unpacking and
-    compiling them again for each virtualenv; False, with nothing linked, where this
-    environment's torch is not that build or another filesystem holds it. Distributions the
-    fresh virtualenv already has (pip, setuptools) stay its own."""
+def runners_torch_is_cpu_build() -> bool:
     try:
-        if metadata.version("torch").split("+")[0] != TORCH.split("==")[1]:
-            return False
+        return metadata.version("torch").split("+")[0] == TORCH.split("==")[1]
     except metadata.PackageNotFoundError:
         return False
+
+
+def resolved(pip: Path, report: Path, wheel: Path, pins: list[str]) -> dict[str, str]:
+    """{name: version} of what `pip install wheel pins` would add to that virtualenv."""
+    run([pip, "install", "-q", "--dry-run", "--report", report, wheel, *pins], INSTALL_SECONDS)
+    items = json.loads(report.read_text())["install"]
+    return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
+
+
+def same_as_here(wanted: dict[str, str]) -> list[metadata.Distribution]:
+    """This environment's distributions of those names and versions, installed from an
+    index (an editable or path install, such as this checkout's fedstale, is not one)."""
+    here = {named(d): d for d in metadata.distributions()}
+    return [
+        here[name]
+        for name, version in wanted.items()
+        if name in here
+        and Version(here[name].version) == Version(version)
+        and here[name].read_text("direct_url.json") is None
+    ]
+
+
+def link(chosen: list[metadata.Distribution], venv: Path) -> bool:
+    """Hard-link the `chosen` distributions' files, as pip installed and compiled them here,
+    into `venv`; their console scripts are copied with `venv`'s interpreter in the first line.
+    False, with nothing linked, where another filesystem (or a bind mount of the same one)
+    refuses links. Distributions `venv` already has (pip, setuptools) stay its own."""
+    target = site_packages(venv)
     have = {named(d) for d in metadata.distributions(path=[str(target)])}
-    chosen = [d for d in requirement_closure("torch") if named(d) not in have]
-    files = [(Path(str(d.locate_file(f))), f) for d in chosen for f in d.files or []]
-    inside = [(source, f) for source, f in files if ".." not in f.parts and source.is_file()]
+    files = [
+        (Path(str(d.locate_file(f))), target / f)
+        for d in chosen
+        if named(d) not in have
+        for f in d.files or []
+    ]
+    files = [(source, dest) for source, dest in files if source.is_file()]
+    if not files:
+        return True
     probe = target / ".link-probe"
-    try:  # another filesystem, or a bind mount of the same one, refuses links (EXDEV)
-        os.link(inside[0][0], probe)
+    try:
+        os.link(files[0][0], probe)
     except OSError:
         return False
     probe.unlink()
-    for source, relative in inside:
-        (target / relative).parent.mkdir(parents=True, exist_ok=True)
-        os.link(source, target / relative)  # the same inode: .pyc headers still match
+    for source, dest in files:
+        dest = Path(os.path.normpath(dest))
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        if dest.is_relative_to(target):
+            os.link(source, dest)  # the same inode: .pyc headers still match
+        else:  # a script in bin/ names its interpreter
+            copy_script(source, dest, venv / "bin" / "python")
     return True
+
+
+def copy_script(source: Path, dest: Path, python: Path) -> None:
+    content = source.read_bytes()
+    if content.startswith(b"#!") and b"python" in content.split(b"\n", 1)[0]:
+        content = b"#!" + bytes(python) + b"\n" + content.split(b"\n", 1)[1]
+    dest.write_bytes(content)
+    dest.chmod(source.stat().st_mode)
 
 
 def named(dist: metadata.Distribution) -> str:
