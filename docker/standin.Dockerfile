@@ -10,7 +10,7 @@ FROM ${BASE}
 ARG FLWR_VERSION=1.41.0
 ARG ROLE=supernode
 RUN python3 -m venv /python/venv \
-    && /python/venv/bin/pip install --no-cache-dir --no-compile "flwr==${FLWR_VERSION}" \
+    && /python/venv/bin/pip install --no-cache-dir "flwr==${FLWR_VERSION}" \
     && useradd --home-dir /app --no-create-home --uid 49999 app \
     && mkdir -p /app && chown -R app:app /app /python/venv
 ENV PATH=/python/venv/bin:$PATH \
