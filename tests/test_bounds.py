@@ -37,5 +37,6 @@ def test_real_deployment_at_the_lower_bound(tmp_path: Path) -> None:
     bin_dir, here = installed()[1]["lower"], elsewhere(tmp_path)
     config = f"{TINY} max-updates=4 run-name=deployed"
     command = [bin_dir / "fedstale", "deploy", "--nodes", "2", "--timeout", "1200"]
-    run([*command, "--run-config", config], 1300, here)
+    # TMPDIR: the deployment's home (a temporary folder, as a user gets it) inside tmp_path
+    run([*command, "--run-config", config], 1300, here, {"TMPDIR": str(tmp_path)})
     assert summary(here / "runs" / "deployed")["updates_accepted"] == 4

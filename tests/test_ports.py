@@ -5,6 +5,7 @@ naming it, and two deployments started at once both complete."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -184,8 +185,15 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
         folder.mkdir()
         command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", "1200"]
         command += ["--app", str(ROOT), "--run-config", f"{config} runs-dir={folder / 'runs'}"]
+        home_parent = {**os.environ, "TMPDIR": str(folder)}  # its home inside tmp_path
         results[index] = subprocess.run(
-            command, cwd=folder, capture_output=True, text=True, timeout=1300, check=False
+            command,
+            cwd=folder,
+            env=home_parent,
+            capture_output=True,
+            text=True,
+            timeout=1300,
+            check=False,
         )
 
     threads = [threading.Thread(target=deploy_one, args=(i,)) for i in (0, 1)]
@@ -196,5 +204,6 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
     for index, result in results.items():
         assert result.returncode == 0, result.stderr[-3000:]
         assert "2 SuperNode(s) up" in result.stderr
+        assert f"deployment in {(tmp_path / f'user{index}').resolve()}" in result.stderr
         summary = json.loads((tmp_path / f"user{index}/runs/twice/summary.json").read_text())
         assert summary["updates_accepted"] == 4

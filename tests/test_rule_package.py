@@ -204,7 +204,7 @@ def test_from_a_fresh_venv_a_deployment_takes_the_package_and_its_key(
     config = "strategy=median-buffer median-scale=0.5 dataset=digits buffer-size=2 "
     config += "max-virtual-time=0 eval-interval=500 max-updates=4 run-name=deployed"
     command = [fresh / "fedstale", "deploy", "--nodes", "2", "--timeout", "900"]
-    run([*command, "--run-config", config], 1000, here)
+    run([*command, "--run-config", config], 1000, here, {"TMPDIR": str(tmp_path)})
     folder = here / "runs" / "deployed"
     summary = json.loads((folder / "summary.json").read_text())
     assert (summary["strategy"], summary["updates_accepted"]) == ("median-buffer", 4)
