@@ -157,16 +157,16 @@ def link(chosen: list[metadata.Distribution], venv: Path) -> bool:
         dest.parent.mkdir(parents=True, exist_ok=True)
         if dest.is_relative_to(target):
             os.link(source, dest)  # the same inode: .pyc headers still match
-        else:  # a script in bin/ names its interpreter
+        else:  # outside site-packages (bin/): copied, a script's first line names `venv`
             copy_script(source, dest, venv / "bin" / "python")
     return True
 
 
 def copy_script(source: Path, dest: Path, python: Path) -> None:
-    content = source.read_bytes()
-    if content.startswith(b"#!") and b"python" in content.split(b"\n", 1)[0]:
-        content = b"#!" + bytes(python) + b"\n" + content.split(b"\n", 1)[1]
-    dest.write_bytes(content)
+    first, newline, rest = source.read_bytes().partition(b"\n")
+    if first.startswith(b"#!") and b"python" in first:
+        first = b"#!" + bytes(python)
+    dest.write_bytes(first + newline + rest)
     dest.chmod(source.stat().st_mode)
 
 
