@@ -176,7 +176,10 @@ def flower_app(app: Path) -> Iterator[Path]:
         yield app
         return
     with tempfile.TemporaryDirectory(prefix="fedstale-app-") as folder:
-        staged = Path(folder)
+        # A folder of its own: tempfile's names may hold "_", which `flwr build` refuses in
+        # an app directory's name (letters, digits and hyphens only).
+        staged = Path(folder) / "app"
+        staged.mkdir()
         copy_included(app, staged, included)
         if shipped or missing:
             import tomli_w  # a dependency of flwr
