@@ -6,6 +6,7 @@ robustness, ablations) on Fashion-MNIST, regenerated.
     python -m bench.reproduce_fedqs --suite robustness  # 50 clients at 1:20, 200 at 1:100
     python -m bench.reproduce_fedqs --suite regimes     # ours vs the authors' simulator
     python -m bench.reproduce_fedqs --suite regimes --settings a0.1   # one of its settings
+    python -m bench.reproduce_fedqs --methods fedqs-sgd,fedqs-avg   # some of the main grid
     python -m bench.reproduce_fedqs --report            # tables of the runs already done
 
 Protocol (the FedQS paper, NeurIPS 2025, and the authors' conf: their data is CIFAR-10 with
@@ -42,6 +43,7 @@ import argparse
 import math
 import re
 import statistics
+from collections.abc import Collection
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -178,9 +180,9 @@ def expected_length(values: dict[str, Any]) -> float:
     return updates / (busy * math.log(high / low) / (high - low))
 
 
-def main_jobs(seeds: int, seeds_all: int) -> list[Job]:
+def main_jobs(seeds: int, seeds_all: int, methods: Collection[str] = tuple(METHODS)) -> list[Job]:
     jobs = []
-    cells = [(alpha, method) for alpha in ALPHAS for method in METHODS]
+    cells = [(alpha, method) for alpha in ALPHAS for method in METHODS if method in methods]
     for seed, (alpha, method) in reproduce.seed_first(
         seeds, seeds_all, SEEDED, cells, lambda c: c[1]
     ):
@@ -503,10 +505,11 @@ def options(parser: argparse.ArgumentParser) -> None:
     reproduce.seed_flags(parser, "FedQS and SAFL")
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
     reproduce.subset_flag(parser, "settings", SETTING_KEYS)  # of the regimes suite
+    reproduce.subset_flag(parser, "methods", METHODS)  # of the main suite
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:
-    reproduce.check_subsets(args, parser, {"settings": SETTING_KEYS})
+    reproduce.check_subsets(args, parser, {"settings": SETTING_KEYS, "methods": METHODS})
 
 
 def runner(args: Options) -> Runner:
@@ -516,6 +519,8 @@ def runner(args: Options) -> Runner:
 def jobs_of(name: str, args: Options) -> list[Job]:
     if name == "regimes":
         return regime_jobs(args.seeds, args.seeds_all, args.settings)
+    if name == "main":
+        return main_jobs(args.seeds, args.seeds_all, reproduce.subset(args, "methods"))
     return SUITES[name](args.seeds, args.seeds_all)
 
 

@@ -117,3 +117,19 @@ def test_a_curve_reaches_a_target_in_percent_or_as_a_fraction() -> None:
     assert reproduce.time_to(result, 0.9) is None
     times, mean = reproduce.mean_curve([result, {"curve": [(0.0, 0.3), (5.0, 0.7)]}])
     assert times == [0.0, 5.0] and mean == pytest.approx([0.2, 0.6])
+
+
+def test_fedqs_main_grid_runs_the_methods_asked_and_refuses_an_unknown_one(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = reproduce.parser_for(FEDQS)
+    options = parser.parse_args(["--methods", "fedqs-sgd,fedqs-avg"])
+    FEDQS.check(options, parser)
+    jobs = FEDQS.suites["main"].jobs(options)
+    assert {job.labels["method"] for job in jobs} == {"fedqs-sgd", "fedqs-avg"}
+    assert len(jobs) == 3 * 2 * 3  # alphas x methods x seeds
+    assert len(FEDQS.suites["main"].jobs(parser.parse_args([]))) == 45
+    with pytest.raises(SystemExit) as refused:
+        FEDQS.check(parser.parse_args(["--methods", "fedqs"]), parser)
+    assert refused.value.code == 2
+    assert "unknown methods ['fedqs']" in capsys.readouterr().err
