@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from fedstale.launcher import cli, deploy
+from fedstale.launcher import cli, deploy, ports
 from fedstale.launcher.deploy import LocalDeployment
 from fedstale.launcher.launch import tool
 from fedstale.launcher.ports import LaunchError, owner_listens, reserved_port
@@ -38,6 +38,39 @@ def test_a_reserved_port_is_handed_to_nobody_else_but_its_server_can_listen() ->
             server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             server.bind(("127.0.0.1", port))
             server.listen()
+
+
+class KernelHands:
+    """A socket whose bind(0) gets the next port of `ports` (a kernel that happens to hand
+    Flower's default ports first), for `reserved_port`."""
+
+    ports: Iterator[int] = iter(())
+    closed = 0
+
+    def __enter__(self) -> KernelHands:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        KernelHands.closed += 1
+
+    def setsockopt(self, *args: object) -> None:
+        pass
+
+    def bind(self, address: tuple[str, int]) -> None:
+        self.port = next(KernelHands.ports)
+
+    def getsockname(self) -> tuple[str, int]:
+        return ("127.0.0.1", self.port)
+
+
+def test_a_reserved_port_is_never_one_of_flowers_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SuperLink of ours on 39091 would be taken by `fedstale run` for the user's local one."""
+    monkeypatch.setattr(KernelHands, "ports", iter([39091, 9093, 39093, 41234]))
+    monkeypatch.setattr(ports.socket, "socket", KernelHands)
+    with reserved_port() as port:
+        assert port == 41234
+        assert KernelHands.closed == 0  # the defaults drawn stay held, so none comes back
+    assert KernelHands.closed == 4
 
 
 def test_a_listener_counts_only_when_it_is_the_process_own() -> None:

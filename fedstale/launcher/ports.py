@@ -43,13 +43,25 @@ class LaunchError(ConfigError):
     """A process the launcher started did not come up: one line for the user, exit code 2."""
 
 
+# Flower's default ports. A process of ours listening on one would be taken for the user's
+# own Flower process there: `fedstale run` on the `local` connection uses a SuperLink already
+# up on 39091 (a deployment's SuperLink got that port once, beside a test suite).
+FLOWER_DEFAULT_PORTS = frozenset([*range(9091, 9100), *range(39091, 39100)])
+
+
 @contextlib.contextmanager
 def reserved_port() -> Iterator[int]:
-    """A loopback port nobody else is handed while the block runs (see the module doc)."""
-    with socket.socket() as holder:
-        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        holder.bind(("127.0.0.1", 0))
-        yield int(holder.getsockname()[1])
+    """A loopback port nobody else is handed while the block runs (see the module doc), never
+    one of Flower's defaults (those drawn are held until the block ends, so none comes back)."""
+    with contextlib.ExitStack() as held:
+        while True:
+            holder = held.enter_context(socket.socket())
+            holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            holder.bind(("127.0.0.1", 0))
+            port = int(holder.getsockname()[1])
+            if port not in FLOWER_DEFAULT_PORTS:
+                yield port
+                return
 
 
 def free_port() -> int:
