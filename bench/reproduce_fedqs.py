@@ -43,7 +43,7 @@ import argparse
 import math
 import re
 import statistics
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -252,11 +252,12 @@ def regime_jobs(seeds: int, seeds_all: int, settings: str = ",".join(SETTING_KEY
     return jobs
 
 
-SUITES = {
-    "main": main_jobs,
-    "ablation": ablation_jobs,
-    "robustness": robustness_jobs,
-    "regimes": regime_jobs,
+# Each suite's jobs from the command line's options (--methods and --settings pick a subset).
+SUITES: dict[str, Callable[[Options], list[Job]]] = {
+    "main": lambda args: main_jobs(args.seeds, args.seeds_all, reproduce.subset(args, "methods")),
+    "ablation": lambda args: ablation_jobs(args.seeds, args.seeds_all),
+    "robustness": lambda args: robustness_jobs(args.seeds, args.seeds_all),
+    "regimes": lambda args: regime_jobs(args.seeds, args.seeds_all, args.settings),
 }
 
 
@@ -516,17 +517,9 @@ def runner(args: Options) -> Runner:
     return partial(run_job, aggregations=args.aggregations)
 
 
-def jobs_of(name: str, args: Options) -> list[Job]:
-    if name == "regimes":
-        return regime_jobs(args.seeds, args.seeds_all, args.settings)
-    if name == "main":
-        return main_jobs(args.seeds, args.seeds_all, reproduce.subset(args, "methods"))
-    return SUITES[name](args.seeds, args.seeds_all)
-
-
 def suite(name: str, key: str) -> Suite:
     return Suite(
-        lambda args: jobs_of(name, args),
+        SUITES[name],
         lambda results, args: TABLES[name](results, args.aggregations),
         f"{name}.md",
         lambda results, path: plot(results, path, key),

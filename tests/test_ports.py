@@ -66,6 +66,7 @@ class KernelHands:
 def test_a_reserved_port_is_never_one_of_flowers_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """A SuperLink of ours on 39091 would be taken by `fedstale run` for the user's local one."""
     monkeypatch.setattr(KernelHands, "ports", iter([39091, 9093, 39093, 41234]))
+    monkeypatch.setattr(KernelHands, "closed", 0)
     monkeypatch.setattr(ports.socket, "socket", KernelHands)
     with reserved_port() as port:
         assert port == 41234
