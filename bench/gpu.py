@@ -29,7 +29,8 @@ Fashion-MNIST (50 clients, Dirichlet 0.1, 5 local epochs, batch 64):
 Peak GPU memory: in-process rows from torch's allocator; runs in other processes from
 `nvidia-smi` sampled every 0.2 s (the device's used memory above what it was before the
 run). `--smoke`: digits and the MLP on CPU, tiny budgets, one worker count, one simulation
-row, so that every code path runs in about a minute.
+row, one ClientApp at a time (Ray given one CPU), so that every code path runs in about a
+minute.
 
 Each row is printed as soon as it is measured and needs no other row: a run cut short keeps
 what it printed, and a row that fails says so in its own line. Without flwr the command
@@ -93,6 +94,11 @@ class Plan:
     quickstart_rounds: int
     grid_seeds: int  # the grid rows: this many seeds x FedBuff, FedAsync, FedAvg, FedPSA
     grid_budget: float  # virtual time of each grid run
+    ray_init: str = ""  # Flower federation keys sizing the simulation's Ray
+
+    def clientapps(self, share: float) -> str:
+        """The federation config of a simulation with `share` of a GPU per ClientApp."""
+        return f"client-resources-num-cpus=1 client-resources-num-gpus={share} {self.ray_init}"
 
     @classmethod
     def full(cls) -> Plan:
@@ -122,6 +128,8 @@ class Plan:
             quickstart_rounds=2,
             grid_seeds=1,
             grid_budget=400.0,
+            # One ClientApp at a time on CPU, as num-gpus 1 on a GPU: one Ray worker to start.
+            ray_init="init-args-num-cpus=1",
         )
 
 
@@ -204,11 +212,13 @@ def cohort_rate(config: dict[str, Any], tasks: int, device: str) -> float:
     return tasks / (time.perf_counter() - started)
 
 
-def simulation_rate(config: str, workdir: Path, share: float, link: SimulationSuperLink) -> float:
-    """`fedstale run` in Flower simulation on `link` with `share` of a GPU per ClientApp (0:
-    CPU); partitions assigned by the server, as `fedstale run` does on a SuperLink of its own."""
-    name = f"sim-{share}-{time.monotonic_ns()}"
-    federation = f"client-resources-num-cpus=1 client-resources-num-gpus={share}"
+def simulation_rate(
+    config: str, workdir: Path, federation: str, link: SimulationSuperLink
+) -> float:
+    """`fedstale run` in Flower simulation on `link` with `federation` (its ClientApps' share
+    of a GPU); partitions assigned by the server, as `fedstale run` does on a SuperLink of its
+    own."""
+    name = f"sim-{time.monotonic_ns()}"
     command = [tool("fedstale"), "run", "--app", str(ROOT), "--superlink", CONNECTION]
     command += ["--federation-config", federation, "--run-config"]
     command += [f"{config} node-partitions=assign run-name={name} runs-dir={workdir / 'runs'}"]
@@ -219,10 +229,10 @@ def simulation_rate(config: str, workdir: Path, share: float, link: SimulationSu
     return float(summary["updates_per_second"])
 
 
-def quickstart_rate(workdir: Path, rounds: int, share: float) -> float:
+def quickstart_rate(workdir: Path, rounds: int, federation: str) -> float:
     """examples/async-quickstart in Flower simulation: the library's FedBuff over a plain
     Flower ClientApp (4 nodes), its updates per second."""
-    folder = workdir / f"quickstart-{share}"
+    folder = workdir / "quickstart"
     folder.mkdir()
     here = Path.cwd()
     os.chdir(folder)  # the ServerApp writes runs/ and final_model.pt where the link started
@@ -230,9 +240,9 @@ def quickstart_rate(workdir: Path, rounds: int, share: float) -> float:
         link = SimulationSuperLink(folder / "flwr-home").start()
     finally:
         os.chdir(here)
-    federation = f"num-supernodes=4 client-resources-num-cpus=1 client-resources-num-gpus={share}"
     command = [tool("flwr"), "run", str(QUICKSTART), CONNECTION, "--stream"]
-    command += ["--run-config", f"num-server-rounds={rounds}", "--federation-config", federation]
+    command += ["--run-config", f"num-server-rounds={rounds}"]
+    command += ["--federation-config", f"num-supernodes=4 {federation}"]
     try:
         done = subprocess.run(
             command, env=link.env, cwd=folder, capture_output=True, text=True, timeout=900
@@ -296,10 +306,11 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
         )
         measures += grid_measures(plan, model, workdir / f"{model}-grid")
     for share in plan.gpu_shares:
-        work = partial(simulation_rate, config, workdir, share, link)
+        work = partial(simulation_rate, config, workdir, plan.clientapps(share), link)
         measures.append((f"Flower simulation, num-gpus {share:g}", watched(work), True))
     share = plan.gpu_shares[0]
-    work = partial(simulation_rate, f"{config} trainer=cohort", workdir, share, link)
+    cohort = f"{config} trainer=cohort"
+    work = partial(simulation_rate, cohort, workdir, plan.clientapps(share), link)
     measures.append((f"Flower simulation, trainer=cohort, num-gpus {share:g}", watched(work), True))
     return measures
 
@@ -395,7 +406,7 @@ def main(argv: list[str] | None = None) -> None:
 
         def quickstart() -> tuple[float, float | None]:
             with GpuMemory().watch(plan.device) as memory:
-                rate = quickstart_rate(workdir, plan.quickstart_rounds, share)
+                rate = quickstart_rate(workdir, plan.quickstart_rounds, plan.clientapps(share))
             return rate, memory.peak
 
         library = [("library FedBuff, quickstart", quickstart, True)]

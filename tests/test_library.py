@@ -42,6 +42,7 @@ from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
 from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.registry import STRATEGIES
+from tests.flower_procs import ONE_CLIENTAPP
 from tests.helpers import ListRecorder, ScriptedTransport, run_config
 from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per_edge
 
@@ -350,7 +351,7 @@ def link_in(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalDep
 
 
 def flwr_run(env: dict[str, str], app: Path, config: str, nodes: int = 4) -> str:
-    federation = f"num-supernodes={nodes} client-resources-num-cpus=1"
+    federation = f"num-supernodes={nodes} client-resources-num-cpus=1 {ONE_CLIENTAPP}"
     command = [tool("flwr"), "run", str(app), CONNECTION, "--stream", "--run-config", config]
     if nodes:
         command += ["--federation-config", federation]

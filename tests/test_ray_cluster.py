@@ -141,7 +141,8 @@ def test_a_simulation_on_a_two_node_ray_cluster(
 
     link = SimulationSuperLink(tmp_path / "flwr-home", RAY_ADDRESS=cluster.address).start()
     try:
-        result, run_dir = link.run_app(ROOT, tmp_path, "cluster", CONFIG, timeout=300)
+        # No Ray init args: Ray refuses them when it joins a cluster (each node declares its own).
+        result, run_dir = link.run_app(ROOT, tmp_path, "cluster", CONFIG, 300, federation="")
     finally:
         link.stop()
     assert result.returncode == 0, result.stderr[-3000:]

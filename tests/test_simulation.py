@@ -16,7 +16,12 @@ from fedstale.launcher.ports import start_listening
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
-from tests.flower_procs import CONNECTION, SimulationSuperLink, flower_processes_of_this_session
+from tests.flower_procs import (
+    CONNECTION,
+    ONE_CLIENTAPP,
+    SimulationSuperLink,
+    flower_processes_of_this_session,
+)
 from tests.goldens import differences, golden_values, without_wall_time
 from tests.helpers import UNKNOWN_STRATEGY
 
@@ -216,7 +221,8 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
     was up before is used and left up."""
     env = local_connection_env(tmp_path)
     before = flower_processes()
-    command = [tool("fedstale"), "run", "--app", str(ROOT), "--run-config"]
+    command = [tool("fedstale"), "run", "--app", str(ROOT), "--federation-config", ONE_CLIENTAPP]
+    command += ["--run-config"]
     config = f"{TINY.replace('max-virtual-time=3000', 'max-virtual-time=500')} runs-dir={tmp_path}"
     result = subprocess.run(
         [*command, f"{config} run-name=own"], env=env, capture_output=True, text=True, timeout=300
