@@ -98,7 +98,8 @@ class Plan:
 
     def clientapps(self, share: float) -> str:
         """The federation config of a simulation with `share` of a GPU per ClientApp."""
-        return f"client-resources-num-cpus=1 client-resources-num-gpus={share} {self.ray_init}"
+        resources = f"client-resources-num-cpus=1 client-resources-num-gpus={share}"
+        return f"{resources} {self.ray_init}".strip()
 
     @classmethod
     def full(cls) -> Plan:
