@@ -74,7 +74,7 @@ from bench.throughput import (  # noqa: E402
 from fedstale.common.cohort import Member, cohort_train  # noqa: E402
 from fedstale.common.config import parse_run_config  # noqa: E402
 from fedstale.launcher.launch import parse_pairs, tool  # noqa: E402
-from tests.flower_procs import CONNECTION, SimulationSuperLink  # noqa: E402
+from tests.flower_procs import CONNECTION, ONE_CLIENTAPP, SimulationSuperLink  # noqa: E402
 
 QUICKSTART = ROOT / "examples" / "async-quickstart"
 COHORT = 10  # clients trained together
@@ -130,7 +130,7 @@ class Plan:
             grid_seeds=1,
             grid_budget=400.0,
             # One ClientApp at a time on CPU, as num-gpus 1 on a GPU: one Ray worker to start.
-            ray_init="init-args-num-cpus=1",
+            ray_init=ONE_CLIENTAPP,
         )
 
 
