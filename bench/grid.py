@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import multiprocessing
 import sys
 import threading
@@ -116,6 +117,7 @@ def run_all(
     started = time.monotonic()
     context = multiprocessing.get_context("spawn")
     failed: list[str] = []
+    seconds: list[float] = []  # the own time of each run finished in this invocation
     runners = Together() if together else context.Pool(workers, initializer=one_core)
     with runners as pool, done_path.open("a") as sink:
         pending = [pool.apply_async(runner, (job, str(out / "runs"))) for job in todo]
@@ -130,7 +132,8 @@ def run_all(
             sink.flush()
             done[result["name"]] = result
             elapsed = time.monotonic() - started
-            eta = elapsed / index * (len(pending) - index)
+            seconds.append(result["seconds"])
+            eta = eta_seconds(elapsed, seconds, len(pending) - index, 0 if together else workers)
             print(
                 f"[{index}/{len(pending)}] {result['name']}: final "
                 f"{result['summary']['final_accuracy']:.4f} ({elapsed:.0f} s, eta {eta:.0f} s)",
@@ -144,6 +147,19 @@ def run_all(
         )
         raise SystemExit(2)
     return [done[job.name] for job in jobs]
+
+
+def eta_seconds(elapsed: float, seconds: list[float], left: int, workers: int) -> float:
+    """Seconds until the `left` runs still to finish are done. On `workers` processes the
+    runs finished so far (their own `seconds`) give the mean length of the rest, which take
+    the workers' slots `workers` at a time (the first runs all end near the same moment, so
+    `elapsed` per run finished would count a run `workers` times over). Together
+    (`workers` 0) every run started at once: `elapsed` per run finished."""
+    if left <= 0 or not seconds:
+        return 0.0
+    if workers <= 0:
+        return elapsed / len(seconds) * left
+    return sum(seconds) / len(seconds) * math.ceil(left / workers)
 
 
 def run_in_process(job: Job, runs_dir: str, values: dict[str, Any]) -> tuple[dict[str, Any], Path]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import reproduce
-from bench.grid import Job, run_all
+from bench.grid import Job, eta_seconds, run_all
 from bench.reproduce import Paper, Suite
 from bench.reproduce_fedqs import FEDQS
 from bench.reproduce_mafsa import MAFSA
@@ -133,3 +133,14 @@ def test_fedqs_main_grid_runs_the_methods_asked_and_refuses_an_unknown_one(
         FEDQS.check(parser.parse_args(["--methods", "fedqs"]), parser)
     assert refused.value.code == 2
     assert "unknown methods ['fedqs']" in capsys.readouterr().err
+
+
+def test_the_eta_counts_the_workers_slots_and_not_the_first_runs_finishing_together() -> None:
+    # Two workers, the first two runs (1,200 s and 1,000 s of their own) ended at 1,210 s
+    # of wall time: the 10 left take five turns of the two slots at 1,100 s each.
+    assert eta_seconds(1210.0, [1200.0, 1000.0], 10, 2) == 5 * 1100.0
+    # One of them finished, 11 left: six turns (the last one alone).
+    assert eta_seconds(1200.0, [1200.0], 11, 2) == 6 * 1200.0
+    # Together (workers 0) every run started at once: wall time per run finished.
+    assert eta_seconds(900.0, [900.0, 850.0, 880.0], 9, 0) == 900.0 / 3 * 9
+    assert eta_seconds(900.0, [900.0], 0, 2) == 0.0
