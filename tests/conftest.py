@@ -6,12 +6,16 @@ import shutil
 import signal
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.flower_procs import SimulationSuperLink, flower_processes_of_this_session
+from tests.flower_procs import (
+    SimulationSuperLink,
+    abandoned_flower_processes,
+    flower_processes_of_this_session,
+)
 
 # Client shares are cached on disk (fedstale/common/federation.py); keep the tests' out of ~/.cache,
 # in a directory of their own that the session removes when it ends (~200 MB per session).
@@ -63,16 +67,30 @@ def pytest_collection_modifyitems(
 
 @pytest.fixture(scope="session", autouse=True)
 def no_flower_process_left() -> Iterator[None]:
-    """Set up first, torn down last: after every test of this process (a worker, in a
+    """Set up first, torn down last: the Flower processes of a session killed outright (whose
+    teardown never ran) are stopped first; after every test of this process (a worker, in a
     parallel session), no Flower process any of them started may be left running."""
+    for pid, _ in abandoned_flower_processes():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    stopped_within(abandoned_flower_processes, 10.0)
     yield
-    deadline = time.monotonic() + 20.0  # a SIGTERMed process may take a moment to exit
-    while (left := flower_processes_of_this_session()) and time.monotonic() < deadline:
+    left = stopped_within(flower_processes_of_this_session, 20.0)
+    assert not left, f"Flower processes left running by the tests: {left}"
+
+
+def stopped_within(
+    find: Callable[[], list[tuple[int, str]]], grace: float
+) -> list[tuple[int, str]]:
+    """Wait up to `grace` seconds for `find()` to come back empty (a SIGTERMed process may
+    take a moment to exit), then SIGKILL what it still finds; returns those."""
+    deadline = time.monotonic() + grace
+    while (left := find()) and time.monotonic() < deadline:
         time.sleep(0.5)
     for pid, _ in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-    assert not left, f"Flower processes left running by the tests: {left}"
+    return left
 
 
 @pytest.fixture(scope="session")

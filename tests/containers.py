@@ -2,7 +2,8 @@
 or Docker), a Debian base image made locally and kept between runs, local stand-ins of
 Flower's superlink/supernode images, fedstale's images built from docker/Dockerfile with the
 stand-ins and a local torch wheel chosen by build arguments, and compose projects torn down
-by label (containers, pods, network, volumes), with what is left checked."""
+by label (containers, pods, network, volumes), with what is left checked; a killed
+session's projects are torn down by the next."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.flower_procs import alive
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKER = ROOT / "docker"
@@ -268,6 +272,32 @@ class Compose:
             if kind != "container":
                 self.runtime(kind, "rm", "-f", name)
         return left
+
+
+PROJECT = re.compile(r"fedstale-test-(\d+)-[0-9a-f]{8}")  # the pid of the process that made it
+
+
+def project_name() -> str:
+    """A compose project's name, carrying the pid of the test process that makes it."""
+    return f"fedstale-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def sweep_abandoned(runtime: Runtime) -> list[str]:
+    """Tear down the test projects whose process is gone: a session killed outright (SIGKILL,
+    the machine's session ending) cannot tear down its own, and its SuperLink and SuperNodes
+    would run on beside every later test. A project of a live process (a suite running beside
+    this one) is left alone (so is a reused pid's, on the safe side). Returns the
+    projects torn down."""
+    names = runtime.check(
+        "ps", "-a", "--format", '{{index .Labels "com.docker.compose.project"}}'
+    ).split()
+    for kind in ("network", "volume"):
+        names += runtime.check(kind, "ls", "--format", "{{.Name}}").split()
+    projects = {found.group(0): int(found.group(1)) for n in names if (found := PROJECT.match(n))}
+    abandoned = sorted(name for name, pid in projects.items() if not alive(pid))
+    for name in abandoned:
+        Compose(runtime, name, ["compose.yml"], {}).teardown()
+    return abandoned
 
 
 @dataclass

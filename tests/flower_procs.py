@@ -16,6 +16,7 @@ __all__ = [
     "CONNECTION",
     "ONE_CLIENTAPP",
     "SimulationSuperLink",
+    "abandoned_flower_processes",
     "flower_processes_of_this_session",
 ]
 
@@ -33,13 +34,14 @@ FLOWER_COMMANDS = (
 ONE_CLIENTAPP = "init-args-num-cpus=1"
 # Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
 # included), so what this process started is found, and a suite running beside it is not.
-SESSION_MARK = f"FEDSTALE_TEST_SESSION={os.getpid()}-{time.time_ns()}"
-os.environ["FEDSTALE_TEST_SESSION"] = SESSION_MARK.split("=", 1)[1]
+MARK_KEY = "FEDSTALE_TEST_SESSION"
+SESSION_MARK = f"{MARK_KEY}={os.getpid()}-{time.time_ns()}"
+os.environ[MARK_KEY] = SESSION_MARK.split("=", 1)[1]
 
 
-def flower_processes_of_this_session() -> list[tuple[int, str]]:
+def marked_flower_processes() -> list[tuple[int, str, str]]:
     """Live Flower processes (SuperLink, SuperNode, SuperExec, flwr-*, fedstale's warm
-    SuperExec) that carry the mark."""
+    SuperExec) that carry a test session's mark: pid, command, the mark's value."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
@@ -48,12 +50,43 @@ def flower_processes_of_this_session() -> list[tuple[int, str]]:
             if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            marked = SESSION_MARK.encode() in (entry / "environ").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
             continue
-        if marked and any(m in command for m in FLOWER_COMMANDS):
-            found.append((int(entry.name), command[:200]))
+        mark = next((v for v in environ if v.startswith(MARK_KEY.encode() + b"=")), None)
+        if mark and any(m in command for m in FLOWER_COMMANDS):
+            found.append((int(entry.name), command[:200], mark.decode().split("=", 1)[1]))
     return found
+
+
+def flower_processes_of_this_session() -> list[tuple[int, str]]:
+    """The marked Flower processes this process started."""
+    own = SESSION_MARK.split("=", 1)[1]
+    return [(pid, command) for pid, command, mark in marked_flower_processes() if mark == own]
+
+
+def abandoned_flower_processes() -> list[tuple[int, str]]:
+    """The marked Flower processes whose session is gone: its test process was killed
+    outright (SIGKILL, the machine's session ending), so nothing stopped them. A suite
+    running beside this one is still alive and keeps its own."""
+    return [(pid, command) for pid, command, mark in marked_flower_processes() if gone(mark)]
+
+
+def gone(mark: str) -> bool:
+    """The process that made `mark` (pid-nanoseconds) has exited: its pid is not running,
+    or is running a process that started after the mark was made (a reused pid)."""
+    try:
+        pid, made_ns = (int(part) for part in mark.split("-", 1))
+        ticks = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = next(
+            int(line.split()[1])
+            for line in Path("/proc/stat").read_text().splitlines()
+            if line.startswith("btime ")
+        )
+    except (OSError, IndexError, ValueError, StopIteration):
+        return True
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    return not alive(pid) or started > made_ns / 1e9 + 1.0  # btime is whole seconds
 
 
 def alive(pid: int) -> bool:

@@ -14,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from fedstale.launcher.launch import flower_env, tool
 from fedstale.launcher.ports import free_port
 from fedstale.server_app.results import read_jsonl
 from tests import containers
-from tests.containers import Compose, Runtime
+from tests.containers import Compose, Runtime, project_name, sweep_abandoned
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
 ROOT, DOCKER = containers.ROOT, containers.DOCKER
@@ -52,6 +51,8 @@ def ready(tmp_path_factory: pytest.TempPathFactory) -> containers.Prepared:
 @pytest.fixture(scope="module")
 def runtime(ready: containers.Prepared) -> Runtime:
     assert ready.runtime is not None
+    if abandoned := sweep_abandoned(ready.runtime):
+        print(f"torn down the projects of test processes no longer running: {abandoned}")
     return ready.runtime
 
 
@@ -104,8 +105,7 @@ def project(runtime: Runtime, tmp_path: Path) -> Iterator[Compose]:
         "FEDSTALE_PORT": str(port),
         "FEDSTALE_DATA": str(FMNIST.parent),
     }
-    name = f"fedstale-test-{uuid.uuid4().hex[:8]}"
-    compose = Compose(runtime, name, ["compose.yml"], env, folder=work / "docker")
+    compose = Compose(runtime, project_name(), ["compose.yml"], env, folder=work / "docker")
     try:
         yield compose
     finally:
@@ -314,3 +314,30 @@ def test_compose_tls_with_registered_keys_refuses_an_unregistered_node(
     assert "SuperNode ID" not in intruder_log.stdout + intruder_log.stderr
     served = {int(n) for n, _ in re.findall(r"node (\d+) serves client (\d+)", output)}
     assert served == {i for i in node_ids(project).values() if i >= 0}
+
+
+def test_a_killed_sessions_project_is_torn_down_and_a_running_ones_is_kept(
+    runtime: Runtime,
+) -> None:
+    """A session killed outright leaves its project running; the next session's sweep tears
+    down the projects of processes that are gone and keeps those of a suite still running."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead = f"fedstale-test-{gone.pid}-{os.urandom(4).hex()}"
+    kept = project_name()  # this process's: running
+    for name in (dead, kept):
+        runtime.check("volume", "create", f"{name}_state")
+        runtime.check("network", "create", f"{name}_default")
+        runtime.check(
+            "run", "-d", "--label", f"com.docker.compose.project={name}",
+            "--network", f"{name}_default", "-v", f"{name}_state:/state",
+            containers.BASE_IMAGE, "sleep", "300",
+        )  # fmt: skip
+    running = Compose(runtime, kept, ["compose.yml"], {})
+    try:
+        sweep_abandoned(runtime)
+        assert Compose(runtime, dead, ["compose.yml"], {}).leftovers() == []
+        assert len(running.leftovers()) == 3, running.leftovers()  # container, network, volume
+    finally:
+        running.teardown()
+        Compose(runtime, dead, ["compose.yml"], {}).teardown()

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.flower_procs import alive
+from tests.flower_procs import alive, gone
 
 ROOT = Path(__file__).resolve().parent.parent
 WAITING_TEST = """
@@ -111,3 +111,73 @@ def test_a_sigterm_to_a_parallel_session_stops_its_workers_session_fixtures(
     simulation SuperLink), which a worker may finish after the main process has ended."""
     files = [tmp_path / f"child-gw{i}" for i in (0, 1)]
     sigterm_session(tmp_path, SESSION_FIXTURE_TEST, files, 20.0, "-n", "2")
+
+
+LEAVING_TEST = """
+import os, subprocess, sys, time
+from pathlib import Path
+
+def test_starts_a_flower_process_and_is_killed():
+    child = subprocess.Popen(  # a stand-in SuperNode, with this session's mark
+        [sys.executable, "-c", "import time; time.sleep(300)", "flower-supernode"],
+        start_new_session=True,
+    )
+    Path(os.environ["CHILD_PID_FILE"]).write_text(str(child.pid))
+    time.sleep(300)
+"""
+
+
+def test_a_session_killed_outright_has_its_flower_processes_stopped_by_the_next(
+    tmp_path: Path,
+) -> None:
+    """SIGKILL leaves no teardown to run: the session's SuperNode keeps running. The next
+    session stops it as it starts (its mark names a process that is gone)."""
+    (tmp_path / "test_killed.py").write_text(LEAVING_TEST)
+    (tmp_path / "test_next.py").write_text("def test_nothing():\n    pass\n")
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
+    command += ["tests.conftest", "--rootdir", str(tmp_path)]
+    pid_file = tmp_path / "child"
+    env = {**os.environ, "CHILD_PID_FILE": str(pid_file)}
+    killed = subprocess.Popen(
+        [*command, str(tmp_path / "test_killed.py")],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    child = 0
+    try:
+        deadline = time.monotonic() + 120
+        while not (pid_file.is_file() and pid_file.read_text()):
+            assert killed.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        child = int(pid_file.read_text())
+        os.killpg(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=30)
+        time.sleep(0.5)
+        assert alive(child)  # nothing stopped it
+        done = subprocess.run(
+            [*command, str(tmp_path / "test_next.py")],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout[-2000:]
+        assert not alive(child), "the next session left the killed one's SuperNode running"
+    finally:
+        killed.kill()
+        killed.wait()
+        if child and alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def test_a_mark_is_gone_when_its_process_is_or_its_pid_was_reused() -> None:
+    assert not gone(f"{os.getpid()}-{time.time_ns()}")  # this process, running
+    assert gone(f"{os.getpid()}-0")  # this pid, but a process started after the mark: reused
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    assert gone(f"{exited.pid}-{time.time_ns()}")
+    assert gone("not-a-mark")
