@@ -21,6 +21,7 @@ import argparse
 import json
 import sys
 import tempfile
+from math import isnan, nan
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,10 @@ def breakdown(summary: dict[str, Any]) -> dict[str, float]:
         "client compute": 1000 * summary["client_compute_seconds"] / updates,
     }
     row.update({part: 1000 * parts.get(part, 0.0) / updates for part in PARTS})
-    row["waited beyond compute"] = 1000 * parts.get("idle", 0.0) / updates - row["client compute"]
+    # In-process (`--local`) the client trains inside `dispatch` and the loop never waits:
+    # no wait to split (nan, shown as "-").
+    idle = parts.get("idle", 0.0)
+    row["waited beyond compute"] = 1000 * idle / updates - row["client compute"] if idle else nan
     return row
 
 
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     print("| --- " * (len(columns) + 2) + "|")
     print(f"| bare loop | 1.00 | {bare:.1f} |" + " - |" * (len(columns) - 1))
     for label, row in rows.items():
-        cells = " | ".join(f"{row[c]:.1f}" for c in columns)
+        cells = " | ".join("-" if isnan(row[c]) else f"{row[c]:.1f}" for c in columns)
         print(f"| {label} | {bare / row['wall']:.2f} | {cells} |")
 
 
