@@ -203,11 +203,13 @@ def ablation_jobs(seeds: int, seeds_all: int) -> list[Job]:
     return jobs
 
 
-def robustness_jobs(seeds: int, seeds_all: int) -> list[Job]:
+def robustness_jobs(
+    seeds: int, seeds_all: int, methods: Collection[str] = ROBUSTNESS_METHODS
+) -> list[Job]:
     jobs = []
     for seed in range(seeds_all):
         for setting, (clients, ratio) in ROBUSTNESS.items():
-            for method in ROBUSTNESS_METHODS:
+            for method in (m for m in ROBUSTNESS_METHODS if m in methods):
                 labels = {"suite": "robustness", "setting": setting, "method": method}
                 settings = {
                     **METHODS[method],
@@ -256,7 +258,9 @@ def regime_jobs(seeds: int, seeds_all: int, settings: str = ",".join(SETTING_KEY
 SUITES: dict[str, Callable[[Options], list[Job]]] = {
     "main": lambda args: main_jobs(args.seeds, args.seeds_all, reproduce.subset(args, "methods")),
     "ablation": lambda args: ablation_jobs(args.seeds, args.seeds_all),
-    "robustness": lambda args: robustness_jobs(args.seeds, args.seeds_all),
+    "robustness": lambda args: robustness_jobs(
+        args.seeds, args.seeds_all, reproduce.subset(args, "methods")
+    ),
     "regimes": lambda args: regime_jobs(args.seeds, args.seeds_all, args.settings),
 }
 
@@ -506,7 +510,7 @@ def options(parser: argparse.ArgumentParser) -> None:
     reproduce.seed_flags(parser, "FedQS and SAFL")
     parser.add_argument("--aggregations", type=int, default=AGGREGATIONS, help="budget (of K)")
     reproduce.subset_flag(parser, "settings", SETTING_KEYS)  # of the regimes suite
-    reproduce.subset_flag(parser, "methods", METHODS)  # of the main suite
+    reproduce.subset_flag(parser, "methods", METHODS)  # of the main and robustness suites
 
 
 def check(args: Options, parser: argparse.ArgumentParser) -> None:

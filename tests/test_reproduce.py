@@ -135,6 +135,19 @@ def test_fedqs_main_grid_runs_the_methods_asked_and_refuses_an_unknown_one(
     assert "unknown methods ['fedqs']" in capsys.readouterr().err
 
 
+def test_fedqs_robustness_runs_the_methods_asked_of_its_three() -> None:
+    parser = reproduce.parser_for(FEDQS)
+    robustness = FEDQS.suites["robustness"]
+    jobs = robustness.jobs(parser.parse_args(["--methods", "fedqs-sgd,fedavg,fedbuff"]))
+    assert [job.name for job in jobs] == [
+        "robust-50c-fedavg-s0",
+        "robust-50c-fedqs-sgd-s0",
+        "robust-200c-fedavg-s0",
+        "robust-200c-fedqs-sgd-s0",
+    ]  # FedBuff is no robustness method: nothing of it
+    assert len(robustness.jobs(parser.parse_args([]))) == 6
+
+
 def test_the_eta_counts_the_workers_slots_and_not_the_first_runs_finishing_together() -> None:
     # Two workers, the first two runs (1,200 s and 1,000 s of their own) ended at 1,210 s
     # of wall time: the 10 left take five turns of the two slots at 1,100 s each.
