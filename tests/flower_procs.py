@@ -35,8 +35,8 @@ ONE_CLIENTAPP = "init-args-num-cpus=1"
 # Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
 # included), so what this process started is found, and a suite running beside it is not.
 MARK_KEY = "FEDSTALE_TEST_SESSION"
-SESSION_MARK = f"{MARK_KEY}={os.getpid()}-{time.time_ns()}"
-os.environ[MARK_KEY] = SESSION_MARK.split("=", 1)[1]
+SESSION = f"{os.getpid()}-{time.time_ns()}"  # this process's pid, and when it made the mark
+os.environ[MARK_KEY] = SESSION
 
 
 def marked_flower_processes() -> list[tuple[int, str, str]]:
@@ -61,8 +61,7 @@ def marked_flower_processes() -> list[tuple[int, str, str]]:
 
 def flower_processes_of_this_session() -> list[tuple[int, str]]:
     """The marked Flower processes this process started."""
-    own = SESSION_MARK.split("=", 1)[1]
-    return [(pid, command) for pid, command, mark in marked_flower_processes() if mark == own]
+    return [(pid, command) for pid, command, mark in marked_flower_processes() if mark == SESSION]
 
 
 def abandoned_flower_processes() -> list[tuple[int, str]]:
@@ -77,16 +76,16 @@ def gone(mark: str) -> bool:
     or is running a process that started after the mark was made (a reused pid)."""
     try:
         pid, made_ns = (int(part) for part in mark.split("-", 1))
-        ticks = int((Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19])
+        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
         boot = next(
             int(line.split()[1])
             for line in Path("/proc/stat").read_text().splitlines()
             if line.startswith("btime ")
         )
+        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22, starttime
     except (OSError, IndexError, ValueError, StopIteration):
         return True
-    started = boot + ticks / os.sysconf("SC_CLK_TCK")
-    return not alive(pid) or started > made_ns / 1e9 + 1.0  # btime is whole seconds
+    return fields[0] == "Z" or started > made_ns / 1e9 + 1.0  # btime is whole seconds
 
 
 def alive(pid: int) -> bool:
