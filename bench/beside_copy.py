@@ -216,13 +216,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, Any]]:
-    commit = subprocess.run(
-        ["git", "-C", str(ROOT), "rev-parse", args.commit],
+def resolve(commit: str) -> str:
+    """The full hash `commit` names in this checkout."""
+    found = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout.strip()
+    )
+    if found.returncode != 0:
+        raise Refused(f"--commit {commit} names no commit of {ROOT}; give a hash or a branch")
+    return found.stdout.strip()
+
+
+def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, Any]]:
+    commit = args.commit
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
 
@@ -284,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench.beside_copy: {out} exists; name a new folder with --out", file=sys.stderr)
         return 2
     try:
+        args.commit = resolve(args.commit)
         limit = CpuLimit.start(args.slowdown) if args.slowdown > 1.0 else None
     except Refused as err:
         print(f"bench.beside_copy: {err}", file=sys.stderr)

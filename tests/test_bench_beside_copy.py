@@ -121,3 +121,11 @@ def test_a_slowdown_runs_the_suites_and_the_copy_in_a_limited_group(tmp_path: Pa
     assert group in (out / "suite-1.log").read_text()
     assert group in (out / "copy-pass-1.log").read_text()
     assert not (CGROUP_V1 / group).exists() and not (CGROUP_V2 / group).exists()
+
+
+def test_a_commit_that_does_not_exist_is_refused_in_one_line(tmp_path: Path) -> None:
+    done = driver(tmp_path, "--commit", "no-such-commit", "--out", str(tmp_path / "out"))
+    _, stderr = done.communicate(timeout=60)
+    assert done.returncode == 2
+    assert len(stderr.strip().splitlines()) == 1 and "--commit no-such-commit" in stderr
+    assert not (tmp_path / "out").exists()
