@@ -23,7 +23,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -39,6 +38,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from bench.golden_drift import machine  # noqa: E402
+from fedstale.launcher.deploy import stop  # noqa: E402
+
 SUITE = "CI=true bash .ci/run"
 COPY = (
     "make -s setup && .venv/bin/python -m pytest -q -p no:cacheprovider "
@@ -68,19 +71,19 @@ class CpuLimit:
     @staticmethod
     def start(slowdown: float) -> CpuLimit:
         quota = cpu_quota(os.cpu_count() or 1, slowdown)
-        name = f"fedstale-beside-{os.getpid()}"
+        v1 = (CGROUP_V1 / "cpu.cfs_quota_us").exists()
+        folder = (CGROUP_V1 if v1 else CGROUP_V2) / f"fedstale-beside-{os.getpid()}"
         try:
-            if (CGROUP_V1 / "cpu.cfs_quota_us").exists():
-                folder = CGROUP_V1 / name
-                folder.mkdir()
+            folder.mkdir()
+            if v1:
                 (folder / "cpu.cfs_period_us").write_text(str(PERIOD_US))
                 (folder / "cpu.cfs_quota_us").write_text(str(quota))
             else:
-                folder = CGROUP_V2 / name
-                folder.mkdir()
                 (folder / "cpu.max").write_text(f"{quota} {PERIOD_US}")
             (folder / "cgroup.procs").write_text(str(os.getpid()))
         except OSError as err:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # made, but not usable
             raise Refused(
                 f"--slowdown needs a writable cgroup cpu controller "
                 f"({err}); run without --slowdown, or as a user who may create cgroups"
@@ -139,22 +142,10 @@ class Shell:
         wall = time.monotonic() - start
         return {"rc": code, "wall_s": round(wall, 1), "summary": summary_line(self.log)}
 
-    def terminate(self, grace: float = STOP_GRACE) -> None:
-        """SIGTERM to its process group (pytest then unwinds its test), SIGKILL past `grace`."""
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        with_group(process.pid, signal.SIGTERM)
-        try:
-            process.wait(grace)
-        except subprocess.TimeoutExpired:
-            with_group(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-def with_group(pid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, sig)
+    def terminate(self) -> None:
+        """SIGTERM to its process group (pytest then unwinds its test), SIGKILL past the grace."""
+        if self.process is not None:
+            stop(self.process, STOP_GRACE)
 
 
 class Copy(threading.Thread):
@@ -175,26 +166,20 @@ class Copy(threading.Thread):
             self.record({"kind": "copy", "pass": index, **row, "stopped": self.stopping.is_set()})
 
     def stop(self) -> None:
+        """Its running pass stopped; a pass that was just starting is stopped too."""
         self.stopping.set()
-        if self.current is not None:
-            self.current.terminate()
-        self.join()
+        while self.is_alive():
+            if self.current is not None:
+                self.current.terminate()
+            self.join(1.0)
 
 
-def provenance(args: argparse.Namespace, commit: str) -> dict[str, Any]:
-    cpu = next(
-        (
-            ln.split(":", 1)[1].strip()
-            for ln in Path("/proc/cpuinfo").read_text().splitlines()
-            if ln.startswith("model name")
-        ),
-        platform.processor(),
-    )
+def provenance(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "kind": "provenance",
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "commit": commit,
-        "cpu": cpu,
+        "commit": args.commit,
+        "cpu": machine(),
         "cores": os.cpu_count(),
         "slowdown": args.slowdown,
         "suite_command": args.suite_command,
@@ -229,7 +214,6 @@ def resolve(commit: str) -> str:
 
 
 def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, Any]]:
-    commit = args.commit
     rows: list[dict[str, Any]] = []
     lock = threading.Lock()
 
@@ -240,8 +224,8 @@ def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, A
                 file.write(json.dumps(row) + "\n")
         print(f"beside_copy: {json.dumps(row)}", flush=True)
 
-    record(provenance(args, commit))
-    copy = Copy(args.copy_command, clone(commit, work / "copy"), out, record)
+    record(provenance(args))
+    copy = Copy(args.copy_command, clone(args.commit, work / "copy"), out, record)
     copy.start()
     suite: Shell | None = None
     try:
@@ -250,7 +234,7 @@ def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, A
             junit = out / f"suite-{index}-junit.xml"
             suite = Shell(
                 args.suite_command,
-                clone(commit, work / f"suite-{index}"),
+                clone(args.commit, work / f"suite-{index}"),
                 out / f"suite-{index}.log",
                 {"PYTEST_ADDOPTS": f"--junitxml={junit}"},
             )
