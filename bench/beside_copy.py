@@ -126,9 +126,10 @@ class Shell:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
+    started: float = 0.0
 
     def run(self) -> dict[str, Any]:
-        start = time.monotonic()
+        self.started = time.monotonic()
         with self.log.open("w") as out:
             self.process = subprocess.Popen(
                 ["bash", "-c", self.command],
@@ -138,9 +139,14 @@ class Shell:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            code = self.process.wait()
-        wall = time.monotonic() - start
-        return {"rc": code, "wall_s": round(wall, 1), "summary": summary_line(self.log)}
+            self.process.wait()
+        return self.row()
+
+    def row(self) -> dict[str, Any]:
+        """Its exit code (None while it runs), wall time so far and pytest's last line."""
+        code = self.process.poll() if self.process is not None else None
+        wall = round(time.monotonic() - self.started, 1)
+        return {"rc": code, "wall_s": wall, "summary": summary_line(self.log)}
 
     def terminate(self) -> None:
         """SIGTERM to its process group (pytest then unwinds its test), SIGKILL past the grace."""
@@ -191,7 +197,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| what | exit | wall | pytest |", "|---|---|---|---|"]
     for row in rows:
         if row["kind"] == "suite":
-            what = f"suite {row['suite']}"
+            what = f"suite {row['suite']}" + (" (stopped halfway)" if row["stopped"] else "")
         elif row["kind"] == "copy":
             what = f"copy pass {row['pass']}" + (" (stopped at the end)" if row["stopped"] else "")
         else:
@@ -213,8 +219,9 @@ def resolve(commit: str) -> str:
     return found.stdout.strip()
 
 
-def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
+def measure(args: argparse.Namespace, out: Path, work: Path, rows: list[dict[str, Any]]) -> None:
+    """The suites beside the copy; each row appended to `rows` (and results.jsonl) as it
+    comes, so a run stopped halfway keeps what it measured."""
     lock = threading.Lock()
 
     def record(row: dict[str, Any]) -> None:
@@ -238,13 +245,14 @@ def measure(args: argparse.Namespace, out: Path, work: Path) -> list[dict[str, A
                 out / f"suite-{index}.log",
                 {"PYTEST_ADDOPTS": f"--junitxml={junit}"},
             )
-            record({"kind": "suite", "suite": index, **suite.run()})
+            record({"kind": "suite", "suite": index, **suite.run(), "stopped": False})
             shutil.rmtree(work / f"suite-{index}", ignore_errors=True)
+            suite = None
     finally:
-        if suite is not None:
+        if suite is not None:  # stopped halfway: its row says so
             suite.terminate()
+            record({"kind": "suite", "suite": index, **suite.row(), "stopped": True})
         copy.stop()
-    return rows
 
 
 def stop_on_sigterm(signum: int, frame: object) -> None:
@@ -283,8 +291,12 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True)
     signal.signal(signal.SIGTERM, stop_on_sigterm)
     work = Path(tempfile.mkdtemp(prefix="fedstale-beside-"))
+    rows: list[dict[str, Any]] = []
+    stopped = None
     try:
-        rows = measure(args, out, work)
+        measure(args, out, work, rows)
+    except KeyboardInterrupt as signalled:
+        stopped = str(signalled) or "Ctrl-C"
     finally:
         shutil.rmtree(work, ignore_errors=True)
         if limit is not None:
@@ -292,7 +304,13 @@ def main(argv: list[str] | None = None) -> int:
     report = table(rows)
     (out / "summary.md").write_text(report + "\n")
     print(report)
-    return 0 if all(row.get("rc", 0) == 0 for row in rows if row["kind"] == "suite") else 1
+    if stopped:
+        print(
+            f"bench.beside_copy: stopped by {stopped}; what it measured is in {out}",
+            file=sys.stderr,
+        )
+        return 130
+    return 0 if all(row["rc"] == 0 for row in rows if row["kind"] == "suite") else 1
 
 
 if __name__ == "__main__":

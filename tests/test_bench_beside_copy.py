@@ -89,9 +89,17 @@ def test_a_sigterm_stops_the_running_suite_and_the_copy(tmp_path: Path) -> None:
         time.sleep(0.2)
     assert len(sleepers(marker)) == 2
     done.send_signal(signal.SIGTERM)
-    done.communicate(timeout=60)
+    _, stderr = done.communicate(timeout=60)
     assert sleepers(marker) == []
     assert list((tmp_path / "tmp").iterdir()) == []
+    assert done.returncode == 130 and "Traceback" not in stderr, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        f"bench.beside_copy: stopped by signal 15; what it measured is in {out}"
+    )
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    suite = next(row for row in rows if row["kind"] == "suite")
+    assert suite["stopped"] and suite["rc"] is not None  # its row kept, with how it ended
+    assert "| suite 1 (stopped halfway) |" in (out / "summary.md").read_text()
 
 
 def sleepers(marker: str) -> list[str]:
