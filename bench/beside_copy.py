@@ -126,7 +126,7 @@ class Shell:
     log: Path
     env: dict[str, str] = field(default_factory=dict)
     process: subprocess.Popen | None = None
-    started: float = 0.0
+    started: float = field(default_factory=time.monotonic)  # run() restarts it
 
     def run(self) -> dict[str, Any]:
         self.started = time.monotonic()

@@ -9,8 +9,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedstale.launcher.deploy import CONNECTION, LocalDeployment
+from fedstale.launcher.deploy import CONNECTION, LocalDeployment, start_time
 from fedstale.launcher.launch import tool
+from fedstale.launcher.ports import proc_stat
 
 __all__ = [
     "CONNECTION",
@@ -46,9 +47,9 @@ def marked_flower_processes() -> list[tuple[int, str, str]]:
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
+        if (fields := proc_stat(entry.name)) is None or fields[0] == "Z":
+            continue
         try:
-            if (entry / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             environ = (entry / "environ").read_bytes().split(b"\0")
         except (OSError, IndexError):
@@ -76,7 +77,11 @@ def gone(mark: str) -> bool:
     or is running a process that started after the mark was made (a reused pid)."""
     try:
         pid, made_ns = (int(part) for part in mark.split("-", 1))
-        fields = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except ValueError:
+        return True
+    if (fields := proc_stat(pid)) is None:
+        return True
+    try:
         boot = next(
             int(line.split()[1])
             for line in Path("/proc/stat").read_text().splitlines()
@@ -90,10 +95,7 @@ def gone(mark: str) -> bool:
 
 def alive(pid: int) -> bool:
     """`pid` is a live process (a zombie is not: it has exited, only its entry is left)."""
-    try:
-        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return False
+    return start_time(pid) is not None
 
 
 @dataclass

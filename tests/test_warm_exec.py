@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from fedstale.launcher.ports import proc_stat
 from fedstale.launcher.warm_exec import ForkExecutor, request_of
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,7 +174,5 @@ def test_the_warm_process_dies_with_its_superexec_however_that_ends(tmp_path: Pa
 
 
 def state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return "Z"
+    fields = proc_stat(pid)
+    return "Z" if fields is None else fields[0]

@@ -44,6 +44,7 @@ from fedstale.launcher.ports import (
     cause,
     descendants,
     log_tail,
+    proc_stat,
     start_listening,
 )
 
@@ -86,11 +87,7 @@ def group_alive(group: int) -> bool:
             return False
         return True
     for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+        if not entry.name.isdigit() or (fields := proc_stat(entry.name)) is None:
             continue
         if int(fields[2]) == group and fields[0] != "Z":
             return True
@@ -108,7 +105,7 @@ def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
     """Stop a process group and every process below its leader that left the group
     (Flower's SuperLink starts a SuperExec, which starts the simulation or ServerApp)."""
     below = [pid for pid, _ in descendants(process.pid)] if process.poll() is None else []
-    started = {pid: start_time(pid) for pid in below}
+    started = {pid: ticks for pid in below if (ticks := start_time(pid)) is not None}
     stop(process, grace)
     for pid in below:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -116,19 +113,15 @@ def stop_tree(process: subprocess.Popen, grace: float = 15.0) -> None:
     # A SIGKILL is delivered when its process next runs: on a loaded machine that can be
     # after this returns, and a caller would find the process still up.
     deadline = time.monotonic() + 5.0
-    running = [pid for pid in below if started[pid] is not None]
-    while time.monotonic() < deadline and any(start_time(p) == started[p] for p in running):
+    while time.monotonic() < deadline and any(start_time(p) == t for p, t in started.items()):
         time.sleep(0.05)
 
 
 def start_time(pid: int) -> int | None:
     """When a running process started (clock ticks after boot); None for a zombie or a pid
     no process has. Told apart by it, a pid reused by a new process is not the old one."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] == "Z" else int(fields[19])
+    fields = proc_stat(pid)
+    return None if fields is None or fields[0] == "Z" else int(fields[19])
 
 
 def docker_script(name: str) -> Path:

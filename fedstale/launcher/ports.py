@@ -71,15 +71,24 @@ def free_port() -> int:
         return port
 
 
+def proc_stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name: state, ppid, pgrp, ... (`man 5
+    proc`, field 3 on); None where no process has that pid."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def descendants(root: int) -> list[tuple[int, str]]:
     """(pid, command line) of every process below `root`, read from /proc."""
     children: dict[int, list[int]] = {}
     commands: dict[int, str] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or (fields := proc_stat(entry.name)) is None:
             continue
         try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(fields[1])
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
             commands[int(entry.name)] = command.decode(errors="replace")
         except (OSError, IndexError, ValueError):
