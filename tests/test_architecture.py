@@ -183,3 +183,83 @@ def test_the_launcher_and_the_rules_load_without_torch() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]"
+
+
+# Flower's public API; anything else of Flower's is internal and may move in any release.
+FLOWER_PUBLIC = ("flwr.app", "flwr.serverapp", "flwr.clientapp")
+FLOWER_COMMON_PUBLIC = set(__import__("flwr.common", fromlist=["__all__"]).__all__)
+INTERNALS_MODULE = ROOT / "fedstale" / "launcher" / "flower_internals.py"
+
+
+def flower_internals_used(path: Path) -> list[str]:
+    """The Flower modules (and `flwr.common` names outside its `__all__`) `path` imports,
+    or names as a string (an import_module), that are not Flower's public API."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            modules = [node.module]
+            if node.module == "flwr.common":
+                found += [
+                    f"flwr.common.{a.name}"
+                    for a in node.names
+                    if a.name not in FLOWER_COMMON_PUBLIC
+                ]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            modules = (
+                [node.value] if node.value.startswith("flwr.") and " " not in node.value else []
+            )
+        else:
+            continue
+        for module in modules:
+            public = module == "flwr.common" or any(
+                module == p or module.startswith(p + ".") for p in FLOWER_PUBLIC
+            )
+            if (module == "flwr" or module.startswith("flwr.")) and not public:
+                found.append(module)
+    return found
+
+
+def test_only_the_launchers_internals_module_uses_flowers_internals() -> None:
+    wrong = {}
+    for path in sorted((ROOT / "fedstale").rglob("*.py")):
+        if path != INTERNALS_MODULE and flower_internals_used(path):
+            wrong[str(path.relative_to(ROOT))] = flower_internals_used(path)
+    assert not wrong, f"Flower internals outside {INTERNALS_MODULE.name}: {wrong}"
+    assert flower_internals_used(INTERNALS_MODULE)  # the check sees its string names
+
+
+def test_the_internals_check_sees_every_kind_of_use(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import flwr.supercore.utils\n"
+        "from flwr.common.constant import ErrorCode\n"
+        "from flwr.common import Context, log_internal_thing\n"
+        "from flwr.app import Message\n"
+        "NAME = 'flwr.cli.constant'\n"
+    )
+    assert flower_internals_used(probe) == [
+        "flwr.supercore.utils",
+        "flwr.common.constant",
+        "flwr.common.log_internal_thing",
+        "flwr.cli.constant",
+    ]
+
+
+def test_every_internal_the_launcher_names_is_in_the_installed_flower() -> None:
+    from fedstale.launcher import flower_internals
+
+    assert flower_internals.missing() == []
+
+
+def test_a_moved_internal_is_one_line_naming_flowers_version() -> None:
+    from fedstale.common.config import ConfigError
+    from fedstale.launcher.flower_internals import Internal, flower_version
+
+    gone = Internal("flwr.cli.constant", "NO_SUCH_NAME", "the local SuperLink's port")
+    with pytest.raises(ConfigError) as caught:
+        gone.load()
+    line = str(caught.value)
+    assert "\n" not in line and f"Flower {flower_version()} has no flwr.cli." in line
+    assert "install flwr>=1.41.0,<1.43" in line

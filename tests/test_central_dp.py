@@ -526,3 +526,34 @@ def test_the_library_wrappers_take_flowers_arguments_and_refuse_in_one_line() ->
         with pytest.raises(ConfigError, match=message) as err:
             make()
         assert "\n" not in str(err.value)
+
+
+def test_fedstales_rdp_accountant_is_flowers_to_the_last_digit_and_shares_its_state() -> None:
+    """fedstale's RdpAccountant (dp_accounting, no Flower internals) composes as Flower's
+    does: the same epsilon, optimal order and delta for mixed events, and each loads the
+    other's state (a checkpoint written with Flower's accountant resumes)."""
+    from fedstale.server_app.accounting import AccountingConfig, GaussianRelease
+    from fedstale.server_app.accounting import RdpAccountant as Ours
+
+    ours, flower = Ours(AccountingConfig(1e-5, 6)), accountant()
+    for noise, size, count in ((1.1, 2, 3), (0.7, 6, 1), (2.0, 1, 5)):
+        ours.compose(GaussianRelease(noise, size, 6), count)
+        flower.compose(GaussianPrivacyEvent(noise, size, 6), count)
+    assert ours.get_epsilon(1e-5) == flower.get_epsilon(1e-5)
+    assert ours.get_delta(3.0) == flower.get_delta(3.0)
+    mine, theirs = ours.get_privacy_spent(), flower.get_privacy_spent()
+    assert (mine.epsilon, mine.optimal_order, mine.num_releases) == (
+        theirs.epsilon,
+        theirs.optimal_order,
+        theirs.num_releases,
+    ) and mine.num_releases == 9
+    assert json.loads(json.dumps(ours.state_dict())) == flower.state_dict()
+    from_flowers = Ours(AccountingConfig(1e-5, 6))
+    from_flowers.load_state_dict(flower.state_dict())
+    assert from_flowers.get_epsilon(1e-5) == flower.get_epsilon(1e-5)
+    back = accountant()
+    back.load_state_dict(ours.state_dict())
+    assert back.get_epsilon(1e-5) == flower.get_epsilon(1e-5)
+    event = GaussianRelease(1.1, 2, 6)
+    limit = flower.get_epsilon(1e-5) + 0.01
+    assert ours.would_exceed(event, limit) == flower.would_exceed(event, limit) is True

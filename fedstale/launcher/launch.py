@@ -68,11 +68,14 @@ def merged_pairs(texts: list[str] | None) -> dict[str, Any]:
 def federation_options(text: str) -> dict[str, Any]:
     """`--federation-config` pairs, each a key and value Flower's simulation takes, or one
     ConfigError line."""
-    from flwr.proto.federation_config_pb2 import SimulationConfig
-    from flwr.supercore.utils import simulation_config_from_json
+    from fedstale.launcher.flower_internals import SIMULATION_CONFIG, SIMULATION_FROM_JSON
 
+    simulation_config, simulation_config_from_json = (
+        SIMULATION_CONFIG.load(),
+        SIMULATION_FROM_JSON.load(),
+    )
     values = parse_pairs(text)
-    known = sorted(f.name.replace("_", "-") for f in SimulationConfig.DESCRIPTOR.fields)
+    known = sorted(f.name.replace("_", "-") for f in simulation_config.DESCRIPTOR.fields)
     for key in values:
         if key not in known:
             raise ConfigError(

@@ -25,6 +25,7 @@ from typing import Any
 import httpx
 
 from fedstale.common.config import ConfigError
+from fedstale.launcher import flower_internals as internal
 from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.launch import flower_env, tool
 from fedstale.launcher.ports import LISTEN_SECONDS, start_listening
@@ -38,16 +39,14 @@ REMOTE_WAIT_SECONDS = 90.0  # a SuperLink container just brought up answers afte
 
 def local_ports() -> tuple[str, str]:
     """(HTTP port, Control API address) of Flower's local SuperLink (env-overridable)."""
-    from flwr.cli.constant import LOCAL_CONTROL_API_ADDRESS, LOCAL_SUPERLINK_HTTP_API_PORT
-
-    return LOCAL_SUPERLINK_HTTP_API_PORT, LOCAL_CONTROL_API_ADDRESS
+    return internal.LOCAL_HTTP_PORT.load(), internal.LOCAL_CONTROL_ADDRESS.load()
 
 
 def connection_of(connection_name: str) -> Any:
     """Flower's SuperLinkConnection of that name (its default for ''), or one line."""
     import click
-    from flwr.cli.flower_config import read_superlink_connection
 
+    read_superlink_connection = internal.READ_CONNECTION.load()
     try:
         return read_superlink_connection(connection_name or None)
     except click.ClickException as err:
@@ -56,17 +55,13 @@ def connection_of(connection_name: str) -> Any:
 
 def is_local(connection_name: str) -> tuple[bool, bool]:
     """(is the connection Flower's managed local SuperLink, is it the in-memory kind)."""
-    from flwr.cli.constant import (
-        LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE,
-        LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE_IN_MEMORY,
-    )
-
+    magic, magic_in_memory = internal.LOCAL_MAGIC.load(), internal.LOCAL_MAGIC_IN_MEMORY.load()
     connection = connection_of(connection_name)
     address = connection.address
     if address is None and connection.options is not None:
-        address = LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE  # Flower's deprecated options-only form
-    in_memory = address == LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE_IN_MEMORY
-    return address == LOCAL_SUPERLINK_ADDRESS_MAGIC_VALUE or in_memory, in_memory
+        address = magic  # Flower's deprecated options-only form
+    in_memory = address == magic_in_memory
+    return address == magic or in_memory, in_memory
 
 
 def healthy(port: str) -> bool:
@@ -122,9 +117,7 @@ def await_remote(connection_name: str, timeout: float = REMOTE_WAIT_SECONDS) -> 
 
 def local_folder() -> Path:
     """FLWR_HOME/local-superlink, where Flower keeps its local SuperLink's state."""
-    from flwr.supercore.utils import get_flwr_home
-
-    folder = get_flwr_home() / "local-superlink"
+    folder = internal.FLWR_HOME.load()() / "local-superlink"
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -132,11 +125,10 @@ def local_folder() -> Path:
 def superlink_command(port: str, database: Path | None) -> list[str]:
     """Flower's own command for the managed local SuperLink (flwr/cli/local_superlink.py) on
     `port`, its state in `database` (None: in memory)."""
-    from flwr.common.constant import ISOLATION_MODE_SUBPROCESS
-
     _, control = local_ports()
     command = [tool("flower-superlink"), "--insecure", "--simulation"]
-    command += ["--isolation", ISOLATION_MODE_SUBPROCESS, "--control-api-address", control]
+    isolation = internal.ISOLATION_SUBPROCESS.load()
+    command += ["--isolation", isolation, "--control-api-address", control]
     command += ["--host", "127.0.0.1", "--port", port]
     return command + (["--database", str(database)] if database is not None else [])
 

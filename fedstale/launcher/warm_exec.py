@@ -31,10 +31,12 @@ import sys
 import traceback
 from typing import IO, Any
 
+from fedstale.launcher import flower_internals as internal
+
 # Imported once in the warm process, when installed. torch._dynamo: the first torch.optim
 # optimizer a process builds imports it, 1.4 s of CPU that every task would otherwise pay.
 PRELOAD = ("numpy", "torch", "torch._dynamo")
-RUNTIME = "flwr.supernode.runtime.run_clientapp"
+RUNTIME = internal.RUN_CLIENTAPP.module  # imported once, with the preloads
 
 
 class Zygote:
@@ -107,7 +109,7 @@ def run_task(request: dict[str, Any]) -> None:
         reseed()
         if request.pop("quiet"):
             quiet()
-        run_clientapp = importlib.import_module(RUNTIME).run_clientapp
+        run_clientapp = internal.RUN_CLIENTAPP.load()
         certificates = request.pop("certificates")
         run_clientapp(certificates=certificates.encode() if certificates else None, **request)
         code = 0
@@ -152,10 +154,8 @@ class ForkExecutor:
     ClientApp tasks forked from the zygote; anything else by Flower's subprocess executor."""
 
     def __init__(self, zygote: Zygote) -> None:
-        from flwr.supercore.superexec.executor.subprocess_executor import SubprocessExecutor
-
         self.zygote = zygote
-        self.flower = SubprocessExecutor()
+        self.flower = internal.SUBPROCESS_EXECUTOR.load()()
         self.said_gone = False
 
     def get_eligible_capacity(self, supported: set[Any], **tls: Any) -> tuple[set[Any], set[str]]:
@@ -165,13 +165,11 @@ class ForkExecutor:
         """Forks have no capacity gate, as Flower's subprocesses have none."""
 
     def launch(self, spec: Any) -> Any:
-        from flwr.supercore.constant import TaskType
-        from flwr.supercore.superexec.executor import LaunchResult
-
-        if spec.task_type != TaskType.CLIENT_APP or spec.runtime_dependency_install:
+        task_type, launch_result = internal.TASK_TYPE.load(), internal.LAUNCH_RESULT.load()
+        if spec.task_type != task_type.CLIENT_APP or spec.runtime_dependency_install:
             return self.flower.launch(spec)
         if self.zygote.launch(request_of(spec)):
-            return LaunchResult.accepted()
+            return launch_result.accepted()
         if not self.said_gone:
             print("fedstale warm exec: the warm process is gone; tasks start as Flower's own")
             self.said_gone = True
@@ -221,9 +219,12 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = parser().parse_args(argv)
+    gone = internal.missing(internal.WARM_EXEC)
+    if gone:  # before the zygote forks: one line and exit 2, as the launcher's commands
+        print(f"fedstale warm exec: {gone[0]}", file=sys.stderr)
+        sys.exit(2)
     zygote = Zygote(tuple(name for name in args.preload.split(",") if name))
-    from flwr.supercore.superexec import run_superexec as flower
-
+    flower = internal.superexec_module()
     # Flower's loop, unchanged, with this executor in place of its subprocess one.
     flower.get_executor = lambda *_, **__: ForkExecutor(zygote)  # type: ignore[assignment]
     try:

@@ -12,9 +12,10 @@
   receives, so noise drawn from it could be subtracted from every release. `dp-noise-seed`
   >= 0 replays the noise bit for bit (tests, debugging): not private, refused in a
   deployment, and said so in the log and summary.json;
-- every release is one Gaussian event for Flower's `RdpAccountant` (or the PLD accountant
-  of dp-accounting, `dp-accountant=pld`), add-or-remove-one client, without amplification
-  by sampling (an asynchronous server does not sample its clients uniformly at random);
+- every release is one Gaussian event for the RDP accountant (Flower's numbers; or the PLD
+  accountant of dp-accounting, `dp-accountant=pld`; fedstale/server_app/accounting.py),
+  add-or-remove-one client, without amplification by sampling (an asynchronous server does
+  not sample its clients uniformly at random);
   `dp-max-epsilon` ends the run at the last release within it.
 """
 
@@ -29,6 +30,13 @@ import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.schema import CLIPPING_NORM, InvalidReply
+from fedstale.server_app.accounting import (
+    Accountant,
+    AccountingConfig,
+    GaussianRelease,
+    PldAccountant,
+    RdpAccountant,
+)
 from fedstale.strategies.base import Outcome, Strategy, Update
 from fedstale.strategies.privacy import LINEAR, Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
@@ -48,33 +56,20 @@ RELATION = "add-or-remove-one client"
 SAMPLING = "no amplification"
 
 
-def accountant_for(run: RunConfig) -> Any:
-    """Flower's RdpAccountant for this run, or with `dp-accountant=pld` the PLD accountant
-    of the same events (imported here: both need Google's dp-accounting)."""
-    from flwr.supercore.privacy_accounting import (
-        NeighboringRelation,
-        PrivacyConfig,
-        SamplingMethod,
-    )
-    from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
-
-    from fedstale.server_app.pld import PldAccountant
-
+def accountant_for(run: RunConfig) -> Accountant:
+    """The RDP accountant for this run (Flower's numbers), or with `dp-accountant=pld` the
+    PLD accountant of the same events (fedstale/server_app/accounting.py)."""
     kind = PldAccountant if run.dp_accountant == "pld" else RdpAccountant
-    config = PrivacyConfig(
+    config = AccountingConfig(
         target_delta=run.dp_target_delta,
         population_size=run.num_clients,
-        neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
-        sampling_method=SamplingMethod.NO_AMPLIFICATION,
         max_epsilon=run.dp_max_epsilon or None,
     )
     return kind(config)
 
 
-def event_for(run: RunConfig, updates: int) -> Any:
-    from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
-
-    return GaussianPrivacyEvent(
+def event_for(run: RunConfig, updates: int) -> GaussianRelease:
+    return GaussianRelease(
         noise_multiplier=run.dp_noise_multiplier,
         sample_size=max(1, min(updates, run.num_clients)),
         population_size=run.num_clients,

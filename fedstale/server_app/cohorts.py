@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedstale.common.cohort import first_of_each, said_alone, said_together, solo_reason
@@ -28,6 +27,7 @@ from fedstale.common.config import RunConfig
 from fedstale.common.records import ArraySets, cohort_content, frozen_copy, message_content
 from fedstale.common.schema import ASSIGNED_PARTITION, MSG_COHORT, MSG_TRAIN, TaskSpec
 from fedstale.server_app.transport import (
+    NODE_UNAVAILABLE,
     UNCLAIMED_SECONDS,
     GridTransport,
     Reply,
@@ -129,7 +129,7 @@ class CohortGridTransport:
         except SendRefused as err:
             now = time.monotonic()
             for task in cohort:
-                refused = Reply(task.task_id, error_code=ErrorCode.NODE_UNAVAILABLE, error=str(err))
+                refused = Reply(task.task_id, error_code=NODE_UNAVAILABLE, error=str(err))
                 self.answered[task.task_id] = (now, refused)
             return
         self.members[msg_id] = [task.task_id for task in cohort]

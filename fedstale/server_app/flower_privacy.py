@@ -31,6 +31,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 from fedstale.common.config import ConfigError
+from fedstale.server_app.accounting import supported
 from fedstale.server_app.flower_strategy import AsyncResult, AsyncStrategy, EvaluateFn
 
 
@@ -129,8 +130,6 @@ def check_arguments(
     noise_multiplier: float, clipping_norm: float, num_sampled_clients: int, accountant: Any
 ) -> None:
     """Flower's checks of the same arguments, as one ConfigError line each."""
-    from flwr.supercore.privacy_accounting import NeighboringRelation, SamplingMethod
-
     if noise_multiplier < 0:
         raise ConfigError("noise_multiplier must be >= 0")
     if clipping_norm <= 0:
@@ -141,13 +140,13 @@ def check_arguments(
         return
     if noise_multiplier <= 0:
         raise ConfigError("an accountant needs noise: noise_multiplier must be > 0")
-    config = accountant.config
-    if config.sampling_method is not SamplingMethod.NO_AMPLIFICATION:
+    problem = supported(accountant.config)
+    if problem == "sampling_method":
         raise ConfigError(
             "an asynchronous server does not sample its clients uniformly at random: make the "
             "accountant's PrivacyConfig(sampling_method=SamplingMethod.NO_AMPLIFICATION)"
         )
-    if config.neighboring_relation is not NeighboringRelation.ADD_OR_REMOVE_ONE:
+    if problem == "neighboring_relation":
         raise ConfigError(
             "the release sensitivities are for add-or-remove-one neighbours: make the "
             "accountant's PrivacyConfig(neighboring_relation=ADD_OR_REMOVE_ONE)"

@@ -42,6 +42,7 @@ log = logging.getLogger("fedstale")
 
 PULL_WAIT_SECONDS = 2.0
 UNCLAIMED_SECONDS = 60.0
+NODE_UNAVAILABLE = 5  # Flower's ErrorCode.NODE_UNAVAILABLE (flwr.common.constant)
 IDLE_POLL_MAX_SECONDS = 0.25  # the longest idle wait between pulls of a real SuperLink
 
 

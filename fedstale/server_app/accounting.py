@@ -1,0 +1,197 @@
+"""The privacy accountants of central DP, on Google's dp-accounting, with the interface of
+Flower's accountants (`compose`, `get_epsilon`, `get_privacy_spent`, `would_exceed`,
+`state_dict`), so that a library user may pass Flower's own `RdpAccountant` instead.
+
+- `RdpAccountant`: Renyi DP, composed by `dp_accounting.rdp.RdpAccountant` with its default
+  orders, as Flower's `RdpAccountant` composes it (the same epsilon to the last digit,
+  tests/test_central_dp.py); its state has the layout of Flower's, so checkpoints written
+  when fedstale used Flower's accountant resume.
+- `PldAccountant` (`dp-accountant=pld`): the same Gaussian events composed by
+  `dp_accounting.pld.PLDAccountant`, which bounds the composition of Gaussian mechanisms
+  tightly (within its discretisation) where RDP's conversion to (epsilon, delta) is loose:
+  17.86 against 19.05 for 10 releases at z = 1, delta 1e-5.
+
+Only what fedstale accounts is supported: add-or-remove-one neighbours, no amplification
+by sampling (an asynchronous server does not sample its clients uniformly at random).
+The events and the relation are duck-typed: a Flower `GaussianPrivacyEvent` or
+`PrivacyConfig` works wherever these take fedstale's, and the other way round.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+ADD_OR_REMOVE_ONE = "add-or-remove-one"  # Flower's NeighboringRelation values
+NO_AMPLIFICATION = "no-amplification"  # Flower's SamplingMethod values
+STATE_SCHEMA = 1
+PLD_DISCRETISATION = 1e-4  # dp_accounting's default value_discretization_interval
+
+
+@dataclass(frozen=True)
+class AccountingConfig:
+    """What Flower's `PrivacyConfig` holds, for the one model fedstale accounts."""
+
+    target_delta: float
+    population_size: int
+    max_epsilon: float | None = None
+    neighboring_relation: str = ADD_OR_REMOVE_ONE
+    sampling_method: str = NO_AMPLIFICATION
+
+
+@dataclass(frozen=True)
+class GaussianRelease:
+    """One release with Gaussian noise (Flower's `GaussianPrivacyEvent`): the sample sizes
+    are kept for the record; without amplification they do not change the cost."""
+
+    noise_multiplier: float
+    sample_size: int
+    population_size: int
+
+
+@dataclass(frozen=True)
+class Spent:
+    """The privacy spent so far (Flower's `PrivacySpent`)."""
+
+    epsilon: float
+    delta: float
+    num_releases: int
+    accounting_method: str
+    optimal_order: float | None = None
+
+
+def supported(config: Any) -> str:
+    """'' where fedstale can account under `config` (its or Flower's), else what is wrong."""
+    if str(getattr(config.sampling_method, "value", config.sampling_method)) != NO_AMPLIFICATION:
+        return "sampling_method"
+    relation = getattr(config.neighboring_relation, "value", config.neighboring_relation)
+    if str(relation) != ADD_OR_REMOVE_ONE:
+        return "neighboring_relation"
+    return ""
+
+
+class Accountant:
+    """The ledger of releases and the epsilon they compose to; subclasses name a backend."""
+
+    method = ""
+
+    def __init__(self, config: Any) -> None:
+        problem = supported(config)
+        if problem:
+            raise ValueError(f"fedstale accounts {NO_AMPLIFICATION}, {ADD_OR_REMOVE_ONE} only")
+        self._config = config
+        self._compositions: list[tuple[Any, int]] = []
+        self._backend = self._new_backend()
+
+    def _new_backend(self) -> Any:
+        raise NotImplementedError
+
+    @property
+    def config(self) -> Any:
+        return self._config
+
+    @property
+    def num_releases(self) -> int:
+        return sum(count for _, count in self._compositions)
+
+    def compose(self, event: Any, count: int = 1) -> None:
+        """`count` Gaussian releases of noise multiplier `event.noise_multiplier`."""
+        import dp_accounting
+
+        if count < 1:
+            raise ValueError("count must be a positive integer")
+        self._backend.compose(dp_accounting.GaussianDpEvent(event.noise_multiplier), count)
+        self._compositions.append((event, count))
+
+    def get_epsilon(self, delta: float) -> float:
+        return float(self._backend.get_epsilon(delta))
+
+    def get_delta(self, epsilon: float) -> float:
+        return float(self._backend.get_delta(epsilon))
+
+    def get_privacy_spent(self, delta: float | None = None) -> Spent:
+        target = self._config.target_delta if delta is None else delta
+        return Spent(self.get_epsilon(target), target, self.num_releases, self.method)
+
+    def would_exceed(self, event: Any, max_epsilon: float | None = None, count: int = 1) -> bool:
+        limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
+        if limit is None:
+            raise ValueError("max_epsilon must be given in the config or here")
+        projected = type(self)(self._config)
+        for past, times in [*self._compositions, (event, count)]:
+            projected.compose(past, times)
+        return projected.get_epsilon(self._config.target_delta) > limit
+
+    def events(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "noise_multiplier": event.noise_multiplier,
+                "sample_size": event.sample_size,
+                "population_size": event.population_size,
+                "count": count,
+            }
+            for event, count in self._compositions
+        ]
+
+    def state_dict(self) -> dict[str, object]:
+        return {"schema_version": STATE_SCHEMA, "backend": self.method, "compositions": []}
+
+    def load_state_dict(self, state: dict[str, object]) -> None:
+        if state.get("backend") != self.method:
+            raise ValueError(f"not a {self.method} accountant's state: {state.get('backend')!r}")
+        self._compositions, self._backend = [], self._new_backend()
+        for entry in state["compositions"]:  # type: ignore[union-attr]
+            count = int(entry["count"])
+            event = entry.get("event", entry)  # Flower's layout nests the event
+            values = {k: v for k, v in event.items() if k != "count"}
+            self.compose(GaussianRelease(**values), count)
+
+
+class RdpAccountant(Accountant):
+    method = "rdp"
+
+    def _new_backend(self) -> Any:
+        import dp_accounting
+        from dp_accounting import rdp
+
+        return rdp.RdpAccountant(
+            neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        )
+
+    def get_privacy_spent(self, delta: float | None = None) -> Spent:
+        target = self._config.target_delta if delta is None else delta
+        epsilon, order = self._backend.get_epsilon_and_optimal_order(target)
+        return Spent(float(epsilon), target, self.num_releases, self.method, float(order))
+
+    def state_dict(self) -> dict[str, object]:
+        """Flower's RdpAccountant's layout (its config, orders and events)."""
+        config = self._config
+        return {
+            **super().state_dict(),
+            "config": {
+                "target_delta": config.target_delta,
+                "population_size": config.population_size,
+                "neighboring_relation": ADD_OR_REMOVE_ONE,
+                "sampling_method": NO_AMPLIFICATION,
+                "max_epsilon": config.max_epsilon,
+            },
+            "orders": [float(order) for order in self._backend.orders],
+            "compositions": [
+                {"event": {k: v for k, v in e.items() if k != "count"}, "count": e["count"]}
+                for e in self.events()
+            ],
+        }
+
+
+class PldAccountant(Accountant):
+    method = "pld"
+
+    def _new_backend(self) -> Any:
+        import dp_accounting
+        from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+        relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        return PLDAccountant(relation, value_discretization_interval=PLD_DISCRETISATION)
+
+    def state_dict(self) -> dict[str, object]:
+        return {**super().state_dict(), "compositions": self.events()}
