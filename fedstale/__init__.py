@@ -16,7 +16,33 @@ from __future__ import annotations
 
 from importlib import import_module
 from importlib.metadata import PackageNotFoundError, version
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what a type checker and an IDE see; at run time, __getattr__ below
+    from fedstale.client_app.mods import fedpsa_mod as fedpsa_mod
+    from fedstale.client_app.mods import fedqs_mod as fedqs_mod
+    from fedstale.client_app.mods import mafsa_mod as mafsa_mod
+    from fedstale.common.config import ConfigError as ConfigError
+    from fedstale.server_app.engine import EngineError as EngineError
+    from fedstale.server_app.flower_privacy import (
+        DifferentialPrivacyClientSideFixedClipping as DifferentialPrivacyClientSideFixedClipping,
+    )
+    from fedstale.server_app.flower_privacy import (
+        DifferentialPrivacyServerSideFixedClipping as DifferentialPrivacyServerSideFixedClipping,
+    )
+    from fedstale.server_app.flower_strategy import AsyncStrategy as AsyncStrategy
+    from fedstale.server_app.library import CA2FL as CA2FL
+    from fedstale.server_app.library import MAFSA as MAFSA
+    from fedstale.server_app.library import FedAsync as FedAsync
+    from fedstale.server_app.library import FedAvg as FedAvg
+    from fedstale.server_app.library import FedBuff as FedBuff
+    from fedstale.server_app.library import FedFa as FedFa
+    from fedstale.server_app.library import FedPSA as FedPSA
+    from fedstale.server_app.library import FedQSAvg as FedQSAvg
+    from fedstale.server_app.library import FedQSSGD as FedQSSGD
+    from fedstale.server_app.library import HierFedAvg as HierFedAvg
+    from fedstale.server_app.library import SaflFedAvg as SaflFedAvg
+    from fedstale.server_app.library import SaflFedSGD as SaflFedSGD
 
 LIBRARY = "fedstale.server_app.flower_strategy"
 PRIVACY = "fedstale.server_app.flower_privacy"

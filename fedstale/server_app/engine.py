@@ -105,6 +105,10 @@ class Engine:
         self.watch = Stopwatch()
         self.last_refresh = -math.inf
         self.stop_reason = ""
+        # A caller's own stop rule, asked once per new version ("" goes on): the library's
+        # `should_stop` (Flower's early stopping)
+        self.stop_check: Callable[[int], str] | None = None
+        self.stop_asked_at = 0
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
         self.privacy = privacy
@@ -520,6 +524,9 @@ class Engine:
             self.clock.now(),
             self.target_hit,
         )
+        if not reason and self.version > self.stop_asked_at:
+            self.stop_asked_at = self.version
+            reason = self.stop_check(self.version) if self.stop_check is not None else ""
         if reason:
             self.stop_reason = reason
 

@@ -28,15 +28,21 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 from fedstale.common.config import ConfigError
 from fedstale.server_app.accounting import supported
-from fedstale.server_app.flower_strategy import AsyncResult, AsyncStrategy, EvaluateFn
+from fedstale.server_app.flower_strategy import (
+    AsyncResult,
+    AsyncStrategy,
+    EvaluateFn,
+    ShouldStop,
+)
 
 
-class FixedClipping(FlowerStrategy):
-    """Central DP with fixed clipping around a fedstale strategy; `clipping` says where."""
+class FixedClipping:
+    """Central DP with fixed clipping around a fedstale strategy; `clipping` says where.
+    Like the strategies it wraps, not a Flower `Strategy` (flower_strategy.AsyncStrategy
+    says why): `start`, `summary` and federated evaluation as Flower's wrappers have them."""
 
     clipping = "server"
 
@@ -97,23 +103,15 @@ class FixedClipping(FlowerStrategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        should_stop: ShouldStop | None = None,
     ) -> AsyncResult:
+        configs = (train_config, evaluate_config)
         result = self.strategy.start(
-            grid, initial_arrays, num_rounds, timeout, train_config, evaluate_config, evaluate_fn
+            grid, initial_arrays, num_rounds, timeout, *configs, evaluate_fn, should_stop
         )
         assert isinstance(result, AsyncResult)
         self.result = result
         return result
-
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        return self.strategy.configure_train(server_round, arrays, config, grid)
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        return self.strategy.aggregate_train(server_round, replies)
 
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid

@@ -14,6 +14,7 @@ Nodes become clients 0..n-1 in the order they appear (nodes.py, NodesInOrder).
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import math
 import time
@@ -29,7 +30,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
-from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 from fedstale.common.config import (
     FIX_HINT,
@@ -57,13 +57,30 @@ from fedstale.strategies.registry import STRATEGIES, declarations, load_config, 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
+ShouldStop = Callable[[int, Result], bool]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
+# Where the library's defaults differ from the run config's: a Flower user's server runs on
+# the wall clock, with no virtual-time budget and no lr decay unless asked.
+LIBRARY_DEFAULTS: dict[str, Any] = {"clock": "wall", "lr-decay": 1.0, "max-virtual-time": 0.0}
+# Defaults that come from `start` (None in the classes' signatures): lr from train_config
+# (else 0.01), max-versions from num_rounds, both timeouts from timeout, eval-interval
+# WALL_EVAL_SECONDS on the wall clock (else the run config's).
+CAPABILITY_ARGUMENTS = {"model_fn", "input_shape", "edges"}  # ServerModel's, Topology's
+FROM_START = ("lr", "max-versions", "task-timeout", "task-ttl", "eval-interval")
 
 
-class AsyncStrategy(FlowerStrategy):
+class AsyncStrategy:
     """A fedstale rule driving any Flower ClientApp. Keyword arguments are fedstale's run
     config keys in snake_case (`buffer_size=5`, `fedbuff_server_lr=0.5`, `clock="virtual"`);
-    see docs/library.md. Also: `num_clients` (default: every node online once
+    see docs/library.md; each rule's class (library.py) declares them typed.
+
+    Not a subclass of Flower's `Strategy`: Flower's contract is rounds (`configure_train`
+    sends a round's messages, `aggregate_train` folds that round's replies), and an
+    asynchronous rule has none: it folds each reply as it arrives, into whichever version
+    is current then. What it keeps of Flower's Strategy is what a ServerApp calls: `start`
+    with Flower's arguments (and 1.43's `should_stop`), returning Flower's `Result`,
+    `summary`, and Flower's federated evaluation (`configure_evaluate`,
+    `aggregate_evaluate`). Also: `num_clients` (default: every node online once
     `min_available_nodes` are), `fraction_evaluate` (Flower evaluate messages to the nodes
     with the final model). A rule's capabilities add their own arguments to its class
     (library_classes): `model_fn` and `input_shape` where it computes on the model at the
@@ -115,15 +132,13 @@ class AsyncStrategy(FlowerStrategy):
         wanted = num_clients if every_client else int(self.settings.get("concurrency", 10))
         if wanted > num_clients:
             log.warning("concurrency %d capped at the %d clients online", wanted, num_clients)
-        wall = self.settings.get("clock", "wall") == "wall"
+        wall = self.settings.get("clock", LIBRARY_DEFAULTS["clock"]) == "wall"
         values: dict[str, Any] = {
             "strategy": self.rule,
-            "clock": "wall",
+            **LIBRARY_DEFAULTS,
             "num-clients": num_clients,
             "lr": train_config.get("lr", 0.01),
-            "lr-decay": 1.0,
             "max-versions": num_rounds,
-            "max-virtual-time": 0.0,
             "task-timeout": timeout,
             "task-ttl": timeout,
             "eval-interval": WALL_EVAL_SECONDS if wall else RunConfig().eval_interval,
@@ -155,23 +170,7 @@ class AsyncStrategy(FlowerStrategy):
     def summary(self) -> None:
         log.info("fedstale %s, settings %s", self.rule, self.settings or "default")
 
-    # ---------------------------------------------------------------- Flower's round hooks
-    def configure_train(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        raise TypeError(
-            f"{type(self).__name__} is asynchronous: it has no training rounds to configure; "
-            "call start(grid=..., initial_arrays=...)"
-        )
-
-    def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        raise TypeError(
-            f"{type(self).__name__} is asynchronous: it aggregates replies as they arrive; "
-            "call start(grid=..., initial_arrays=...)"
-        )
-
+    # ---------------------------------------------------------------- Flower's evaluation
     def configure_evaluate(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
@@ -210,15 +209,18 @@ class AsyncStrategy(FlowerStrategy):
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
         evaluate_fn: EvaluateFn | None = None,
+        should_stop: ShouldStop | None = None,
     ) -> Result:
         """Run the rule until `num_rounds` global versions (or another budget in the
-        settings) and return Flower's Result: the final arrays, the clients' train metrics
-        per version (weighted by num-examples), evaluate_fn's metrics per version, and the
-        clients' evaluation of the final model."""
+        settings, or `should_stop(version, result)` is true after a new version, as Flower
+        1.43's early stopping) and return Flower's Result: the final arrays, the clients'
+        train metrics per version (weighted by num-examples), evaluate_fn's metrics per
+        version, and the clients' evaluation of the final model."""
         setup_logging()
         configs = (ConfigRecord(train_config or {}), ConfigRecord(evaluate_config or {}))
+        calls = (evaluate_fn, should_stop)
         try:
-            return self.run(grid, initial_arrays, num_rounds, timeout, configs, evaluate_fn)
+            return self.run(grid, initial_arrays, num_rounds, timeout, configs, calls)
         except (ConfigError, EngineError) as err:
             # One line in the run's log; the exception is the caller's, as with Flower's own
             # strategies: a library never ends the user's ServerApp process itself.
@@ -232,12 +234,13 @@ class AsyncStrategy(FlowerStrategy):
         num_rounds: int,
         timeout: float,
         configs: tuple[ConfigRecord, ConfigRecord],
-        evaluate_fn: EvaluateFn | None,
+        calls: tuple[EvaluateFn | None, ShouldStop | None],
     ) -> Result:
         user_config = dict(configs[0])
         nodes = wait_for_nodes(grid, self.num_clients or self.min_available_nodes, self.settings)
         run, params = self.run_config(self.num_clients or nodes, num_rounds, timeout, user_config)
-        door = LibraryDoor(self, grid, from_array_record(initial_arrays), user_config, evaluate_fn)
+        arrays = from_array_record(initial_arrays)
+        door = LibraryDoor(self, grid, arrays, user_config, *calls)
         lifecycle.run_through(door, run, params)
         self.evaluate_clients(grid, door.engine_version, door.result, configs[1], timeout)
         return door.result
@@ -256,6 +259,23 @@ class AsyncStrategy(FlowerStrategy):
         metrics = self.aggregate_evaluate(version, replies)
         if metrics is not None:
             result.evaluate_metrics_clientapp[version] = metrics
+
+
+def given_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A generated class's `locals()` (library.py) as AsyncStrategy's keywords: its own
+    arguments, and the settings given other than their defaults (None: from `start`)."""
+    cls = arguments.pop("__class__")
+    arguments.pop("self")
+    defaults = {
+        name: parameter.default
+        for name, parameter in inspect.signature(cls.__init__).parameters.items()
+    }
+    own = set(inspect.signature(AsyncStrategy.__init__).parameters) | CAPABILITY_ARGUMENTS
+    return {
+        name: value
+        for name, value in arguments.items()
+        if name in own or (value is not None and value != defaults[name])
+    }
 
 
 def number(metrics: MetricRecord, key: str) -> float:
@@ -334,8 +354,10 @@ class LibraryDoor(Door):
     arrays: dict[str, np.ndarray]
     user_config: dict[str, Any]
     evaluate_fn: EvaluateFn | None
+    should_stop: ShouldStop | None = None
     result: AsyncResult = field(default_factory=AsyncResult)
     engine_version: int = 0
+    run_recorder: RunRecorder | None = None
 
     def __post_init__(self) -> None:
         shapes = tuple(tuple(a.shape) for a in self.arrays.values())
@@ -365,7 +387,29 @@ class LibraryDoor(Door):
         return Model(self.layout, self.layout.flatten(self.arrays))
 
     def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
-        return ResultRecorder(claim_run_dir(run, name), kept)
+        self.run_recorder = ResultRecorder(claim_run_dir(run, name), kept)
+        return self.run_recorder
+
+    def started(self, run: RunConfig, engine: Engine) -> None:
+        should_stop = self.should_stop
+        if should_stop is None:
+            return
+
+        def stop_check(version: int) -> str:
+            """Flower's should_stop(round, result) after each new version, with the
+            result so far (the current model, the metrics of the versions made)."""
+            self.collect(engine)
+            return "should_stop" if should_stop(version, self.result) else ""
+
+        engine.stop_check = stop_check
+
+    def collect(self, engine: Engine) -> None:
+        """The Result as of now: the current model and the clients' train metrics."""
+        self.engine_version = engine.version
+        self.result.arrays = array_record_of(engine.strategy.model, self.layout, self.flower)
+        if isinstance(self.run_recorder, ResultRecorder):
+            metrics = self.run_recorder.train_metrics(self.flower.metrics)
+            self.result.train_metrics_clientapp.update(metrics)
 
     def accountant(self, run: RunConfig) -> Any:
         accountant = self.strategy.accountant
@@ -430,13 +474,9 @@ class LibraryDoor(Door):
         return score
 
     def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
-        self.engine_version = engine.version
-        self.result.arrays = array_record_of(engine.strategy.model, self.layout, self.flower)
+        self.collect(engine)
         if engine.privacy is not None and engine.privacy.epsilon() is not None:
             self.result.privacy = engine.privacy.spent()
-        if isinstance(recorder, ResultRecorder):
-            metrics = recorder.train_metrics(self.flower.metrics)
-            self.result.train_metrics_clientapp.update(metrics)
 
 
 # ---------------------------------------------------------------- the rules, by name
@@ -469,12 +509,18 @@ class TopologyArguments(AsyncStrategy):
 
 @functools.cache
 def library_classes() -> dict[str, type[AsyncStrategy]]:
-    """`fedstale.<library>` for every rule declared with a library name (fedstale's and
-    the installed packages'), made from its declaration: its capabilities add their
-    arguments (a rule without them takes none of theirs)."""
-    classes = {}
+    """`fedstale.<library>` for every rule declared with a library name: fedstale's own
+    from library.py (typed, generated from the declarations), an installed package's made
+    here from its declaration (its capabilities add their arguments; settings untyped)."""
+    from fedstale.server_app import library
+
+    classes: dict[str, type[AsyncStrategy]] = {}
     for rule in declarations().values():
         if not rule.library:
+            continue
+        typed = getattr(library, rule.library, None)
+        if isinstance(typed, type) and typed.rule == rule.name:
+            classes[rule.library] = typed
             continue
         bases: list[type[AsyncStrategy]] = []
         if rule.server_model:

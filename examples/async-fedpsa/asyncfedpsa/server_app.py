@@ -19,7 +19,7 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),
         train_config=ConfigRecord({"lr": context.run_config["learning-rate"]}),
-        num_rounds=context.run_config["num-server-rounds"],
+        num_rounds=int(context.run_config["num-server-rounds"]),
         evaluate_fn=global_evaluate,
     )
 

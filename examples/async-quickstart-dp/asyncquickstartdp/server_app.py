@@ -24,27 +24,27 @@ def main(grid: Grid, context: Context) -> None:
     config = context.run_config
     buffer_size = 3
     strategy = FedBuff(
-        fraction_evaluate=config["fraction-evaluate"],
+        fraction_evaluate=float(config["fraction-evaluate"]),
         buffer_size=buffer_size,
         concurrency=4,
-        num_clients=config["num-clients"],
+        num_clients=int(config["num-clients"]),
     )
     # Flower's wrapper, with Flower's arguments, around an asynchronous strategy: every
     # buffer flush is one private release of `buffer_size` clipped updates.
     accountant = RdpAccountant(
         PrivacyConfig(
-            target_delta=config["target-delta"],
-            population_size=config["num-clients"],
+            target_delta=float(config["target-delta"]),
+            population_size=int(config["num-clients"]),
             # An asynchronous server does not sample its clients uniformly at random.
             neighboring_relation=NeighboringRelation.ADD_OR_REMOVE_ONE,
             sampling_method=SamplingMethod.NO_AMPLIFICATION,
-            max_epsilon=config["max-epsilon"] or None,  # 0: no budget
+            max_epsilon=float(config["max-epsilon"]) or None,  # 0: no budget
         )
     )
     dp_strategy = DifferentialPrivacyClientSideFixedClipping(
         strategy,
-        noise_multiplier=config["noise-multiplier"],
-        clipping_norm=config["clipping-norm"],
+        noise_multiplier=float(config["noise-multiplier"]),
+        clipping_norm=float(config["clipping-norm"]),
         num_sampled_clients=buffer_size,
         accountant=accountant,
     )
@@ -52,7 +52,7 @@ def main(grid: Grid, context: Context) -> None:
         grid=grid,
         initial_arrays=ArrayRecord(Net().state_dict()),
         train_config=ConfigRecord({"lr": config["learning-rate"]}),
-        num_rounds=config["num-server-rounds"],
+        num_rounds=int(config["num-server-rounds"]),
         evaluate_fn=global_evaluate,
     )
     spent = result.privacy

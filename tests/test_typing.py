@@ -1,0 +1,102 @@
+"""The library's classes as a type checker, an IDE and `help()` see them: generated from the
+rules' declarations (fedstale/server_app/library_source.py), typed, with their defaults;
+mypy flags a misspelt argument and passes the examples' ServerApps."""
+
+from __future__ import annotations
+
+import inspect
+import pydoc
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import fedstale
+from fedstale.common.config import RunConfig
+from fedstale.server_app import library_source
+from fedstale.server_app.flower_strategy import FROM_START, LIBRARY_DEFAULTS
+from fedstale.strategies.registry import declarations, is_built_in
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVER_APPS = sorted(ROOT.glob("examples/*/*/server_app.py"))
+
+
+def test_the_generated_classes_are_what_the_declarations_render() -> None:
+    written = library_source.TARGET.read_text()
+    assert written == library_source.render(), (
+        "fedstale/server_app/library.py is stale: run "
+        "`python -m fedstale.server_app.library_source --write`"
+    )
+
+
+def test_each_class_takes_its_rules_keys_and_every_rules_keys_with_their_defaults() -> None:
+    app_only = RunConfig.app_only_keys() | {"strategy"}
+    for rule in declarations().values():
+        if not (rule.library and is_built_in(rule)):
+            continue
+        parameters = inspect.signature(getattr(fedstale, rule.library)).parameters
+        for model in (RunConfig, rule.strategy.Params):
+            for name, field in model.model_fields.items():
+                key = field.alias or name
+                if key == "num-clients":  # AsyncStrategy's own argument: None, every node
+                    assert parameters[name].default is None
+                    continue
+                if key in app_only:
+                    assert name not in parameters, (rule.library, name)
+                    continue
+                expected = None if key in FROM_START else LIBRARY_DEFAULTS.get(key, field.default)
+                assert parameters[name].default == expected, (rule.library, name)
+                assert parameters[name].kind is inspect.Parameter.KEYWORD_ONLY
+
+
+def test_help_shows_the_arguments_and_given_defaults_are_not_settings() -> None:
+    text = pydoc.render_doc(fedstale.FedBuff, renderer=pydoc.plaintext)
+    assert "buffer_size: 'int' = 5" in text and "fedbuff_server_lr: 'float' = 1.0" in text
+    assert "Nguyen" in text
+    assert fedstale.FedBuff(buffer_size=5, concurrency=4, lr=None).settings == {"concurrency": 4}
+    assert fedstale.FedBuff(clock="virtual").settings == {"clock": "virtual"}
+
+
+def mypy(*paths: Path) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "mypy", "--follow-imports=silent"]
+    command += ["--ignore-missing-imports", "--no-incremental", *map(str, paths)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+
+
+@pytest.fixture(scope="module")
+def checked(tmp_path_factory: pytest.TempPathFactory) -> subprocess.CompletedProcess[str]:
+    """One mypy run over a user's snippet and the examples' ServerApps."""
+    snippet = tmp_path_factory.mktemp("snippet") / "snippet.py"
+    snippet.write_text(
+        "import fedstale\n"
+        "strategy = fedstale.FedBuff(bufer_size=5, concurrency=10)\n"
+        "clocked = fedstale.FedAsync(clock='sundial')\n"
+        "fine = fedstale.FedPSA(buffer_size=5, fedpsa_gamma=2.0, clock='virtual')\n"
+        "wrapped = fedstale.DifferentialPrivacyServerSideFixedClipping(\n"
+        "    fine, noise_multiplier=1.0, clipping_norm=0.5, num_sampled_clients=5)\n"
+    )
+    return mypy(snippet, *SERVER_APPS)
+
+
+def test_mypy_flags_a_misspelt_argument_and_a_wrong_choice(
+    checked: subprocess.CompletedProcess[str],
+) -> None:
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    snippet = [line for line in errors if "snippet.py" in line]
+    assert len(snippet) == 2, checked.stdout
+    assert 'Unexpected keyword argument "bufer_size" for "FedBuff"' in snippet[0]
+    assert 'did you mean "buffer_size"' in snippet[0]
+    assert "\"Literal['virtual', 'wall']\"" in snippet[1]
+
+
+def test_the_examples_server_apps_type_check_clean(
+    checked: subprocess.CompletedProcess[str],
+) -> None:
+    assert len(SERVER_APPS) == 3
+    errors = [line for line in checked.stdout.splitlines() if ": error:" in line]
+    assert not [line for line in errors if "server_app.py" in line], checked.stdout
+
+
+def test_the_package_is_marked_typed() -> None:
+    assert (ROOT / "fedstale" / "py.typed").is_file()
