@@ -438,6 +438,25 @@ def test_quickstart_trains_under_fedstale_in_simulation(
     assert (work / "final_model.pt").stat().st_size > 0
 
 
+# Flower 1.43's early stopping: should_stop(round, result) after each round; here after each
+# new version, with the result so far (the current model, the clients' train metrics).
+STOP_AT_2 = (
+    "evaluate_fn=global_evaluate, should_stop=lambda version, so_far: version >= 2 "
+    "and len(so_far.arrays) > 0 and 1 in so_far.train_metrics_clientapp,"
+)
+
+
+def test_should_stop_ends_the_run_after_the_version_it_says(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    app = app_with(tmp_path, QUICKSTART, "evaluate_fn=global_evaluate,", STOP_AT_2)
+    flwr_run(link.env, app, "num-server-rounds=6")
+    summary = json.loads((new_run(work, before) / "summary.json").read_text())
+    assert (summary["versions"], summary["stop_reason"]) == (2, "should_stop")
+
+
 @pytest.mark.integration
 def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     link_in: tuple[LocalDeployment, Path],
