@@ -1,0 +1,156 @@
+"""Users' environments, made as a user makes them: a fresh virtualenv on another Python,
+their torch and numpy installed first from PyPI (a GPU box's CUDA build, or the oldest torch
+fedstale runs on), then fedstale's wheel. Shared by tests/test_environments.py and
+`python -m bench.environments`.
+
+pip runs with no configuration file (PIP_CONFIG_FILE=os.devnull), so that neither this
+machine's torch cap (/etc/xdg/pip) nor its local wheel folders change what a user gets.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedstale.launcher.deploy import CONNECTION
+from tests.wheel_env import run
+
+INSTALL_SECONDS = 1200
+TINY = (
+    "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500 "
+    "num-clients=4 concurrency=2 max-updates=8"
+)
+
+
+@dataclass(frozen=True)
+class Environment:
+    name: str
+    python: str  # "3.12": found under pyenv or on PATH
+    pins: tuple[str, ...]  # what the user had installed first
+
+    def interpreter(self) -> Path | None:
+        root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
+        found = sorted(glob.glob(str(root / "versions" / f"{self.python}.*" / "bin" / "python")))
+        if found:
+            return Path(found[-1])
+        on_path = shutil.which(f"python{self.python}")
+        return Path(on_path) if on_path else None
+
+
+ENVIRONMENTS = {
+    # The GPU box measured on: Python 3.12, PyPI's torch 2.11.0 (CUDA 13), numpy 2.5.5.
+    "py312-torch2.11": Environment("py312-torch2.11", "3.12", ("torch==2.11.0", "numpy==2.5.5")),
+    # The newest of each: Python 3.13, torch 2.15.0.
+    "py313-torch2.15": Environment("py313-torch2.15", "3.13", ("torch==2.15.0", "numpy==2.5.5")),
+    # The floor: the oldest torch fedstale runs on (torch.func arrived in 2.0), numpy's floor.
+    "py311-torch2.0.1": Environment("py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4")),
+}
+
+
+def pip_env() -> dict[str, str]:
+    return {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+
+
+def frozen(bin_dir: Path) -> dict[str, str]:
+    """{name: version} of what that virtualenv holds (pip's own view)."""
+    output = run([bin_dir / "python", "-m", "pip", "list", "--format", "json"], 300)
+    items = json.loads(output.strip().splitlines()[-1])
+    return {item["name"].lower(): item["version"] for item in items}
+
+
+@dataclass
+class Made:
+    """What making an environment measured."""
+
+    bin_dir: Path
+    before: dict[str, str]
+    after: dict[str, str]
+    seconds: dict[str, float]
+
+    def changed(self) -> dict[str, tuple[str, str | None]]:
+        """Distributions installing the wheel changed or removed: name -> (before, after)."""
+        return {
+            name: (version, self.after.get(name))
+            for name, version in self.before.items()
+            if self.after.get(name) != version
+        }
+
+
+def make(environment: Environment, wheel: Path, folder: Path) -> Made:
+    """The user's virtualenv in `folder`: their pins first, then the wheel."""
+    python = environment.interpreter()
+    assert python is not None, f"no Python {environment.python} here"
+    seconds: dict[str, float] = {}
+    start = time.monotonic()
+    run([python, "-m", "venv", folder], 120)
+    bin_dir = folder / "bin"
+    pip = [bin_dir / "python", "-m", "pip", "install", "-q"]
+    run([*pip, *environment.pins], INSTALL_SECONDS, extra_env=pip_env())
+    seconds["user's torch"] = time.monotonic() - start
+    before = frozen(bin_dir)
+    start = time.monotonic()
+    run([*pip, wheel], INSTALL_SECONDS, extra_env=pip_env())
+    seconds["fedstale wheel"] = time.monotonic() - start
+    return Made(bin_dir, before, frozen(bin_dir), seconds)
+
+
+def summary_of(folder: Path) -> dict:
+    return json.loads((folder / "summary.json").read_text())
+
+
+def run_local(bin_dir: Path, here: Path) -> dict:
+    """`fedstale run --local` of a tiny FedBuff run from `here`; its summary."""
+    command = [bin_dir / "fedstale", "run", "--local", "--run-config", f"{TINY} run-name=local"]
+    run(command, 600, here)
+    return summary_of(here / "runs" / "local")
+
+
+def run_simulation(bin_dir: Path, here: Path, home: Path) -> dict:
+    """`fedstale run` (Flower simulation on the local SuperLink it starts); its summary."""
+    command = [bin_dir / "fedstale", "run", "--run-config", f"{TINY} run-name=sim"]
+    run(command, 900, here, {"FLWR_HOME": str(home)})
+    return summary_of(here / "runs" / "sim")
+
+
+def run_quickstart(bin_dir: Path, quickstart: Path, here: Path, home: Path) -> dict:
+    """The quickstart's ServerApp with fedstale's FedBuff (the library door), by that
+    virtualenv's `flwr run` on a simulation SuperLink of that virtualenv; its summary."""
+    from tests.flower_procs import _Deployment
+
+    app = here.parent / quickstart.name
+    shutil.copytree(quickstart, app, ignore=shutil.ignore_patterns("__pycache__"))
+    link = _Deployment(home, 0, simulation=True, bin_dir=bin_dir)
+    previous = Path.cwd()
+    os.chdir(here)  # the ServerApp writes the library's runs/ in its working directory
+    try:
+        link.start()
+    finally:
+        os.chdir(previous)
+    try:
+        command = [bin_dir / "flwr", "run", app, CONNECTION, "--stream"]
+        command += ["--run-config", "num-server-rounds=3"]
+        command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
+        run(command, 600, here, {"FLWR_HOME": str(link.home)})
+    finally:
+        link.stop()
+    (folder,) = (here / "runs").iterdir()
+    return summary_of(folder)
+
+
+def versions(bin_dir: Path) -> dict[str, str]:
+    code = (
+        "import importlib.metadata as m, json, sys, torch; print(json.dumps({'python': "
+        "sys.version.split()[0], 'cuda_build': bool(torch.version.cuda), **{p: m.version(p) "
+        "for p in ('torch', 'numpy', 'flwr', 'fedstale')}}))"
+    )
+    return json.loads(run([bin_dir / "python", "-c", code], 300).strip().splitlines()[-1])
+
+
+if __name__ == "__main__":
+    sys.exit("use `python -m bench.environments`")
