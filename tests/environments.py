@@ -50,6 +50,10 @@ ENVIRONMENTS = {
     "py313-torch2.15": Environment("py313-torch2.15", "3.13", ("torch==2.15.0", "numpy==2.5.5")),
     # The floor: the oldest torch fedstale runs on (torch.func arrived in 2.0), numpy's floor.
     "py311-torch2.0.1": Environment("py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4")),
+    # torchvision's models by name (`model=resnet18`): the pair the env notes name for x86_64.
+    "py311-torchvision0.29.1": Environment(
+        "py311-torchvision0.29.1", "3.11", ("torch==2.14.1", "torchvision==0.29.1")
+    ),
 }
 
 
@@ -104,11 +108,12 @@ def summary_of(folder: Path) -> dict:
     return json.loads((folder / "summary.json").read_text())
 
 
-def run_local(bin_dir: Path, here: Path) -> dict:
-    """`fedstale run --local` of a tiny FedBuff run from `here`; its summary."""
-    command = [bin_dir / "fedstale", "run", "--local", "--run-config", f"{TINY} run-name=local"]
-    run(command, 600, here)
-    return summary_of(here / "runs" / "local")
+def run_local(bin_dir: Path, here: Path, extra: str = "", name: str = "local") -> dict:
+    """`fedstale run --local` of a tiny FedBuff run (and `extra` keys) from `here`; its
+    summary."""
+    command = [bin_dir / "fedstale", "run", "--local", "--run-config", f"{TINY} run-name={name}"]
+    run([*command, "--run-config", extra], 900, here)
+    return summary_of(here / "runs" / name)
 
 
 def run_simulation(bin_dir: Path, here: Path, home: Path) -> dict:

@@ -1,7 +1,8 @@
 """fedstale installed where its users are (tests/environments.py): a fresh virtualenv on
 Python 3.12 with PyPI's torch 2.11.0 (a CUDA build, as on the GPU box) and numpy 2.5.5
 installed first, on Python 3.13 with torch 2.15.0, and on Python 3.11 with the oldest torch
-fedstale runs on (2.0.1) and numpy 1.26.4. Installing the wheel changes neither torch nor
+fedstale runs on (2.0.1) and numpy 1.26.4, and on Python 3.11 with torch 2.14.1 and
+torchvision 0.29.1 (torchvision's models by name). Installing the wheel changes neither torch nor
 numpy, and `fedstale run --local`, `fedstale run` in Flower simulation and the quickstart's
 library door complete there, from a folder outside the checkout. Each environment is
 removed when its test ends (about 5 GB each: the CUDA builds' libraries)."""
@@ -21,7 +22,7 @@ from tests.environments import (
     run_simulation,
     versions,
 )
-from tests.wheel_env import build_wheel, elsewhere
+from tests.wheel_env import build_wheel, elsewhere, run
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("venvs")]
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,5 +60,18 @@ def test_the_wheel_keeps_the_users_torch_and_numpy_and_runs_every_door(
         door.mkdir()
         library = run_quickstart(made.bin_dir, QUICKSTART, door, tmp_path / "home-door")
         assert (library["versions"], library["updates_rejected"]) == (3, 0)
+        if "torchvision" in pinned:
+            check_torchvision_models(made.bin_dir, here)
+
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def check_torchvision_models(bin_dir: Path, here: Path) -> None:
+    """`model=resnet18` trains (digits' grey 8x8 images repeated into three channels); a
+    name torchvision lacks is one line, exit 2."""
+    resnet = run_local(bin_dir, here, "model=resnet18 local-steps=1 max-updates=4", "resnet")
+    assert resnet["updates_accepted"] == 4
+    config = "dataset=digits model=resnet81"
+    output = run([bin_dir / "fedstale", "check", "--run-config", config], 300, here, code=2)
+    assert "model=resnet81: neither fedstale's" in output, output

@@ -50,3 +50,46 @@ def test_evaluate_counts_correct_predictions() -> None:
     x = torch.tensor([[[[2.0], [0.0]]], [[[0.0], [2.0]]], [[[3.0], [1.0]]]])
     accuracy, loss = evaluate(model, x, torch.tensor([0, 1, 1]))
     assert accuracy == pytest.approx(2 / 3) and loss > 0
+
+
+def test_a_torchvision_name_without_torchvision_is_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`model=resnet18` names torchvision's model; where torchvision is not installed the
+    config says so, and how to get it, before anything runs (torchvision never imported)."""
+    import importlib.util
+    import sys
+
+    from fedstale.common.config import ConfigError, is_torchvision_name
+    from fedstale.strategies.registry import load_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "torchvision" else real(name, *a),
+    )
+    assert is_torchvision_name("resnet18") and not is_torchvision_name("lenet")
+    assert not is_torchvision_name("my_task:net")
+    with pytest.raises(ConfigError, match=r"pip install 'fedstale\[vision\]'") as caught:
+        load_config({"model": "resnet18"})
+    assert "\n" not in str(caught.value) and "torchvision" not in sys.modules
+
+
+def test_a_torchvision_model_is_built_by_name_and_fits_grey_images() -> None:
+    """Where torchvision imports (tests/test_environments.py runs this in its own
+    virtualenv with torch 2.14.1 and torchvision 0.29.1)."""
+    pytest.importorskip("torchvision")
+    from fedstale.common.config import ConfigError
+
+    model = build_model("resnet18", (1, 28, 28), 10, seed=0)
+    assert model(torch.zeros(2, 1, 28, 28)).shape == (2, 10)
+    again = build_model("resnet18", (1, 28, 28), 10, seed=0)
+    assert np.array_equal(get_flat(model), get_flat(again))
+    assert build_model("mobilenet_v3_small", (3, 32, 32), 5, seed=0)(
+        torch.zeros(1, 3, 32, 32)
+    ).shape == (1, 5)
+    with pytest.raises(ConfigError, match=r"neither fedstale's .* nor a model of torchvision"):
+        build_model("resnet81", (1, 28, 28), 10, seed=0)
+    with pytest.raises(ConfigError, match=r"images of 1 or 3 channels, \(C, H, W\)"):
+        build_model("resnet18", (64,), 10, seed=0)

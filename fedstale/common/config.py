@@ -6,6 +6,7 @@ refused. Errors surface as one `ConfigError` line naming the key, the value and 
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 from collections.abc import Mapping
@@ -272,7 +273,8 @@ class RunConfig(KebabModel):
         """The run names a user's model, dataset, loss or metric, or a non-default built-in
         loss or metric: what `fedstale check` tries on a batch before the run."""
         defaults = (self.loss, self.metric) == ("cross-entropy", "accuracy")
-        return not defaults or is_reference(self.dataset) or is_reference(self.model)
+        own = is_reference(self.dataset) or is_reference(self.model)
+        return not defaults or own or is_torchvision_name(self.model)
 
 
 CHOICES = {"dataset": DATASETS, "model": MODELS, "loss": LOSSES, "metric": METRICS}
@@ -284,9 +286,26 @@ def is_reference(value: str) -> bool:
     return bool(REFERENCE.match(value))
 
 
+TORCHVISION_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def is_torchvision_name(model: str) -> bool:
+    """`model` names a model of `torchvision.models` (checked when the model is built)."""
+    return model not in MODELS and bool(TORCHVISION_NAME.match(model))
+
+
 def name_or_reference(key: str, value: str) -> str:
-    """A built-in name of `key`, or a 'package.module:attribute' reference."""
+    """A built-in name of `key`, or a 'package.module:attribute' reference; for `model`,
+    also a torchvision model's name where torchvision is installed (never imported here)."""
     if value in CHOICES[key] or is_reference(value):
+        return value
+    if key == "model" and is_torchvision_name(value):
+        if importlib.util.find_spec("torchvision") is None:
+            raise ValueError(
+                f"model '{value}' is not fedstale's ({', '.join(MODELS)}), and torchvision, "
+                "whose models it may name, is not installed: pip install 'fedstale[vision]' "
+                "(a torchvision that matches your torch)"
+            )
         return value
     raise ValueError(
         f"unknown {key} '{value}'; choose one of {', '.join(CHOICES[key])} "
@@ -378,7 +397,7 @@ def _check_task(cfg: RunConfig) -> None:
     """Model, dataset, loss and rule fit together (a user's dataset is checked once loaded:
     fedstale/common/usercode.py require_dataset)."""
     own_data, own_model = is_reference(cfg.dataset), is_reference(cfg.model)
-    built_in = not (own_data or own_model or cfg.model == "auto")
+    built_in = not (own_data or own_model or cfg.model == "auto" or is_torchvision_name(cfg.model))
     if built_in and cfg.dataset not in MODEL_DATASETS[cfg.model]:
         raise ValueError(f"model '{cfg.model}' does not fit dataset '{cfg.dataset}'")
     # A user's dataset has its classes counted once loaded.

@@ -1,13 +1,16 @@
-"""The FedPSA paper's models (or a user's factory named 'package.module:function'),
-flat-vector views of their parameters, and evaluation."""
+"""The FedPSA paper's models (or a user's factory named 'package.module:function', or a
+model of torchvision's by name where torchvision is installed), flat-vector views of their
+parameters, and evaluation."""
 
 from __future__ import annotations
+
+from importlib.metadata import version
 
 import numpy as np
 import torch
 from torch import nn
 
-from fedstale.common.config import ConfigError, is_reference
+from fedstale.common.config import MODELS, ConfigError, is_reference, is_torchvision_name
 from fedstale.common.layout import ParamLayout
 from fedstale.common.objectives import Objective, objective
 from fedstale.common.references import accepts, call, resolve
@@ -127,7 +130,45 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int, seed:
         return MLP(in_features, num_classes)
     if name == "lenet":
         return LeNet(input_shape, num_classes)
+    if is_torchvision_name(name):
+        return torchvision_model(name, input_shape, num_classes)
     raise ValueError(f"unknown model '{name}'")
+
+
+class GreyToRGB(nn.Module):
+    """Repeats a one-channel image into the three channels torchvision's models expect."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x.expand(-1, 3, -1, -1))
+
+
+def torchvision_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """`torchvision.models.<name>` with `num_classes` outputs, freshly initialised (no
+    pretrained weights: nothing is downloaded); a one-channel image is repeated into three.
+    Or one ConfigError line."""
+    try:
+        from torchvision import models
+    except ImportError as err:  # found by the config check, broken here
+        raise ConfigError(
+            f"model={name}: torchvision does not import ({err}); install the torchvision "
+            "that matches your torch"
+        ) from None
+    if name not in models.list_models():
+        raise ConfigError(
+            f"model={name}: neither fedstale's ({', '.join(MODELS)}) nor a model of "
+            f"torchvision {version('torchvision')} (torchvision.models.list_models())"
+        )
+    if len(input_shape) != 3 or input_shape[0] not in (1, 3):
+        raise ConfigError(
+            f"model={name}: torchvision's models take images of 1 or 3 channels, (C, H, W); "
+            f"this dataset's samples are {tuple(input_shape)}"
+        )
+    model = models.get_model(name, weights=None, num_classes=num_classes)
+    return GreyToRGB(model) if input_shape[0] == 1 else model
 
 
 def own_model(reference: str, input_shape: tuple[int, ...], num_outputs: int) -> nn.Module:
