@@ -44,7 +44,8 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time, __getattr_
     from fedstale.server_app.library import SaflFedAvg as SaflFedAvg
     from fedstale.server_app.library import SaflFedSGD as SaflFedSGD
 
-LIBRARY = "fedstale.server_app.flower_strategy"
+LIBRARY = "fedstale.server_app.library_classes"
+BASE = "fedstale.server_app.flower_strategy"
 PRIVACY = "fedstale.server_app.flower_privacy"
 ERRORS = {
     "ConfigError": "fedstale.common.config",  # a ValueError: a setting or key is wrong
@@ -68,7 +69,7 @@ def exports() -> dict[str, str]:
             found[rule.library] = LIBRARY
         found.update(rule.mods)
     # fedstale's own names last: no rule can stand in for them
-    return {**found, "AsyncStrategy": LIBRARY, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
+    return {**found, "AsyncStrategy": BASE, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
 
 
 def __getattr__(name: str) -> Any:

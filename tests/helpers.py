@@ -183,7 +183,7 @@ def rule_package(folder: Path, entry: str, name: str = "rule-package") -> Iterat
     """An installed package declaring rules, as pip leaves one: a dist-info folder whose
     entry point `fedstale.rules` names `entry` ("module:RULES"), on sys.path; the registry
     (and the library's classes) read afresh inside the block and after it."""
-    from fedstale.server_app.flower_strategy import library_classes
+    from fedstale.server_app.library_classes import library_classes
     from fedstale.strategies.registry import declarations
 
     info = folder / f"{name.replace('-', '_')}-0.1.dist-info"

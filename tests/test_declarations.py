@@ -9,7 +9,8 @@ import pytest
 
 import fedstale
 from fedstale.common.schema import common_keys
-from fedstale.server_app.flower_strategy import AsyncStrategy, library_classes
+from fedstale.server_app.flower_strategy import AsyncStrategy
+from fedstale.server_app.library_classes import library_classes
 from fedstale.strategies.base import PerClientModels, Strategy, Topology
 from fedstale.strategies.registry import (
     BUILT_IN,

@@ -52,7 +52,7 @@ from fedstale.server_app.results import RunRecorder, claim_run_dir
 from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import ModelServices, Setup, TorchModel
-from fedstale.strategies.registry import STRATEGIES, declarations, load_config, rule_named
+from fedstale.strategies.registry import STRATEGIES, load_config, rule_named
 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
@@ -505,35 +505,3 @@ class TopologyArguments(AsyncStrategy):
     def __init__(self, *, edges: Mapping[int, int] | None = None, **kwargs: Any) -> None:
         self.edges = dict(edges or {})
         super().__init__(**kwargs)
-
-
-@functools.cache
-def library_classes() -> dict[str, type[AsyncStrategy]]:
-    """`fedstale.<library>` for every rule declared with a library name: fedstale's own
-    from library.py (typed, generated from the declarations), an installed package's made
-    here from its declaration (its capabilities add their arguments; settings untyped)."""
-    from fedstale.server_app import library
-
-    classes: dict[str, type[AsyncStrategy]] = {}
-    for rule in declarations().values():
-        if not rule.library:
-            continue
-        typed = getattr(library, rule.library, None)
-        if isinstance(typed, type) and typed.rule == rule.name:
-            classes[rule.library] = typed
-            continue
-        bases: list[type[AsyncStrategy]] = []
-        if rule.server_model:
-            bases.append(ServerModelArguments)
-        if rule.topology:
-            bases.append(TopologyArguments)
-        attributes = {"rule": rule.name, "__doc__": rule.about, "__module__": __name__}
-        classes[rule.library] = type(rule.library, (*bases, AsyncStrategy), attributes)
-    return classes
-
-
-def __getattr__(name: str) -> type[AsyncStrategy]:
-    classes = library_classes()
-    if name not in classes:
-        raise AttributeError(f"module '{__name__}' has no attribute '{name}'")
-    return classes[name]

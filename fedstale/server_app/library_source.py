@@ -5,8 +5,8 @@ so that a type checker, an IDE and `help()` see them. Regenerate after changing 
     python -m fedstale.server_app.library_source --write
 
 tests/test_typing.py fails while the file differs from what this renders. A rule from
-another installed package gets its class at run time instead (flower_strategy.py,
-library_classes), untyped.
+another installed package gets its class at run time instead (library_classes.py),
+untyped.
 """
 
 from __future__ import annotations
