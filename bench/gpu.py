@@ -1,9 +1,11 @@
-"""Every GPU figure in one command, for a machine with a CUDA GPU (about 5 minutes):
-updates per second of each way fedstale trains clients, as a ratio against a bare loop on
-the same GPU measured in the same run, and the peak GPU memory of each.
+"""Every GPU figure in one command, for a machine with a CUDA GPU: updates per second of
+each way fedstale trains clients, as a ratio against a bare loop on the same GPU measured in
+the same run, and the peak GPU memory of each. Every rate is timed warm: the in-process rows
+after an untimed task (or cohort), the runs over their engine's loop.
 
-    python -m bench.gpu                   # on a CUDA machine
-    python -m bench.gpu --smoke           # a tiny variant on CPU (the tests run it)
+    python -m bench.gpu                   # the targets' rows, sized for one 9-minute call
+    python -m bench.gpu --all             # every row below (about 20 minutes of an H200)
+    python -m bench.gpu --smoke           # every row, tiny, on CPU (the tests run it)
 
 Rows, for LeNet and a wider CNN (cnn-mnist: 32/64 channels, 582,026 parameters) on
 Fashion-MNIST (50 clients, Dirichlet 0.1, 5 local epochs, batch 64):
@@ -95,6 +97,7 @@ class Plan:
     grid_seeds: int  # the grid rows: this many seeds x FedBuff, FedAsync, FedAvg, FedPSA
     grid_budget: float  # virtual time of each grid run
     ray_init: str = ""  # Flower federation keys sizing the simulation's Ray
+    everything: bool = True  # False: only the rows the GPU targets are measured on
 
     def clientapps(self, share: float) -> str:
         """The federation config of a simulation with `share` of a GPU per ClientApp."""
@@ -102,7 +105,29 @@ class Plan:
         return f"{resources} {self.ray_init}".strip()
 
     @classmethod
+    def targets(cls) -> Plan:
+        """The rows the GPU targets are read from, sized for one 9-minute call on an H200
+        (at the rates the CPU smoke and the last GPU run showed, 216 updates a LeNet run and
+        576 for the grid took about 20 minutes for every row): LeNet only; the bare loop,
+        the cohort and one worker; FedPSA per task and in cohorts (>= 2x); the 12-run grid
+        together (>= 10x the bare loop); Flower simulation at num-gpus 1 (>= 0.9x)."""
+        return cls(
+            device="cuda",
+            models=("lenet",),
+            base="partition=dirichlet dirichlet-alpha=0.1 device=cuda",
+            tasks=60,
+            budgets={"lenet": 3_000.0},
+            workers=(1,),
+            gpu_shares=(1.0,),
+            quickstart_rounds=30,
+            grid_seeds=3,
+            grid_budget=750.0,
+            everything=False,
+        )
+
+    @classmethod
     def full(cls) -> Plan:
+        """Every row (`--all`): both models, 1-4 workers, three GPU shares (~20 minutes)."""
         return cls(
             device="cuda",
             models=("lenet", "cnn-mnist"),
@@ -194,21 +219,23 @@ def allocator_peak(device: str, measure: Callable[[], float]) -> tuple[float, fl
 
 
 def cohort_rate(config: dict[str, Any], tasks: int, device: str) -> float:
-    """The bare loop's tasks, COHORT clients at a time as one batched computation."""
+    """The bare loop's tasks, COHORT clients at a time as one batched computation; timed
+    warm, after one untimed cohort (as the bare loop after one untimed task)."""
     run = parse_run_config(config)
     model, data = bare_setup(run, device)
     rng = np.random.default_rng(0)
     start_params = {n: p.detach() for n, p in model.named_parameters()}
+
+    def member(client: int, seed: int) -> Member:
+        x, y = data[client]
+        return Member(start_params, x, y, run.local_epochs, run.batch_size, run.lr, seed)
+
+    cohort_train(model, [member(c % run.num_clients, tasks + c) for c in range(COHORT)])
     synchronize(device)
     started = time.perf_counter()
     for first in range(0, tasks, COHORT):
-        members = []
-        for task in range(first, min(first + COHORT, tasks)):
-            x, y = data[int(rng.integers(run.num_clients))]
-            members.append(
-                Member(start_params, x, y, run.local_epochs, run.batch_size, run.lr, task)
-            )
-        cohort_train(model, members)
+        cohort = range(first, min(first + COHORT, tasks))
+        cohort_train(model, [member(int(rng.integers(run.num_clients)), t) for t in cohort])
     synchronize(device)
     return tasks / (time.perf_counter() - started)
 
@@ -296,7 +323,8 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
     ]
     for workers in plan.workers:
         measures.append((f"--local, {workers} worker(s)", watched(local("", workers)), False))
-    measures.append(("--local, trainer=cohort", watched(local("trainer=cohort", 1)), False))
+    if plan.everything:
+        measures.append(("--local, trainer=cohort", watched(local("trainer=cohort", 1)), False))
     if model == plan.models[0]:
         fedpsa = "strategy=fedpsa buffer-size=5"
         measures.append(
@@ -309,10 +337,12 @@ def model_measures(plan: Plan, model: str, workdir: Path, link: Any) -> list[Mea
     for share in plan.gpu_shares:
         work = partial(simulation_rate, config, workdir, plan.clientapps(share), link)
         measures.append((f"Flower simulation, num-gpus {share:g}", watched(work), True))
-    share = plan.gpu_shares[0]
-    cohort = f"{config} trainer=cohort"
-    work = partial(simulation_rate, cohort, workdir, plan.clientapps(share), link)
-    measures.append((f"Flower simulation, trainer=cohort, num-gpus {share:g}", watched(work), True))
+    if plan.everything:
+        share = plan.gpu_shares[0]
+        cohort = f"{config} trainer=cohort"
+        work = partial(simulation_rate, cohort, workdir, plan.clientapps(share), link)
+        label = f"Flower simulation, trainer=cohort, num-gpus {share:g}"
+        measures.append((label, watched(work), True))
     return measures
 
 
@@ -327,7 +357,8 @@ def grid_measures(plan: Plan, model: str, workdir: Path) -> list[Measure]:
     )
     configs = grid_configs(config, plan.grid_seeds)
     measures: list[Measure] = []
-    for together, how in ((False, "one after another"), (True, "together")):
+    ways = ((False, "one after another"), (True, "together"))
+    for together, how in ways if plan.everything else ways[1:]:
 
         def measure(together: bool = together, how: str = how) -> tuple[float, float | None]:
             with GpuMemory().watch(plan.device) as memory:
@@ -384,8 +415,11 @@ def device_line(device: str) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="a tiny variant on CPU")
+    parser.add_argument(
+        "--all", action="store_true", help="every row, not only the targets' (~20 min)"
+    )
     options = parser.parse_args(argv)
-    plan = Plan.smoke() if options.smoke else Plan.full()
+    plan = Plan.smoke() if options.smoke else Plan.full() if options.all else Plan.targets()
     if plan.device == "cuda" and not torch.cuda.is_available():
         print("bench.gpu: no CUDA device; run it on a GPU machine, or --smoke", file=sys.stderr)
         raise SystemExit(2)
@@ -410,8 +444,9 @@ def main(argv: list[str] | None = None) -> None:
                 rate = quickstart_rate(workdir, plan.quickstart_rounds, plan.clientapps(share))
             return rate, memory.peak
 
-        library = [("library FedBuff, quickstart", quickstart, True)]
-        print_rows("quickstart (MLP, digits)", library, lacking)
+        if plan.everything:
+            library = [("library FedBuff, quickstart", quickstart, True)]
+            print_rows("quickstart (MLP, digits)", library, lacking)
     print(f"bench.gpu: done in {time.monotonic() - started:.0f} s", flush=True)
 
 

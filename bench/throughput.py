@@ -41,27 +41,33 @@ BUDGETS = {"linear": 30_000.0, "lenet": 8_000.0, "cnn-mnist": 2_000.0}  # virtua
 
 
 def bare_rate(config: dict[str, Any], tasks: int, device: str = "cpu") -> float:
-    """Local training tasks per second on one thread, no server, no transport."""
+    """Local training tasks per second on one thread, no server, no transport; timed warm:
+    one untimed task first (the first optimizer step of a process imports torch._dynamo,
+    1.4 s of CPU, and a GPU's first kernels compile and load)."""
     run = parse_run_config(config)
     model, data = bare_setup(run, device)
     rng = np.random.default_rng(0)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
+
+    def train(x: Any, y: Any, seed: int) -> None:
+        local_train(
+            model,
+            x,
+            y,
+            epochs=run.local_epochs,
+            batch_size=run.batch_size,
+            lr=run.lr,
+            seed=seed,
+            closed_form=run.trainer == "auto",
+        )
+
     try:
+        train(*data[0], seed=tasks)  # the warm-up: a seed no timed task uses
         synchronize(device)
         start = time.perf_counter()
         for task in range(tasks):
-            x, y = data[int(rng.integers(run.num_clients))]
-            local_train(
-                model,
-                x,
-                y,
-                epochs=run.local_epochs,
-                batch_size=run.batch_size,
-                lr=run.lr,
-                seed=task,
-                closed_form=run.trainer == "auto",
-            )
+            train(*data[int(rng.integers(run.num_clients))], seed=task)
         synchronize(device)
         return tasks / (time.perf_counter() - start)
     finally:

@@ -92,6 +92,14 @@ def test_a_grid_trains_its_runs_together_and_each_equals_its_solo_run(
             assert cohorts["largest"] == 40 and own["largest"] == 10, (cohorts, own)
             assert cohorts["mean"] > 2.5 * own["mean"]
             assert sum(cohorts["sizes"].values()) == cohorts["count"]
+            # its own share of the pool's cohorts beside the pool's: its tasks, and only its
+            mine = cohorts["own"]
+            assert mine["largest"] == 10 and mine["mean"] < cohorts["mean"]
+            trained = round(mine["mean"] * cohorts["count"])  # its tasks the cohorts trained
+            accepted, sent = grid_summary["updates_accepted"], grid_summary["tasks_dispatched"]
+            assert accepted <= trained <= sent, (mine, grid_summary)
+            assert 0.15 < mine["share"] < 0.35, mine  # one of four runs
+            assert "own" not in own  # a run alone: its cohorts are its own
 
     # The same command again: every run finished, none touched; another config is refused.
     stamps = {p: p.stat().st_mtime_ns for p in grid_dir.rglob("summary.json")}

@@ -1,7 +1,8 @@
 """A SuperLink paused (SIGSTOP, then SIGCONT past the pull wait) while a ServerApp's pull is
 taking replies, several times in one run, on a real deployment at both ends of the flwr
 range (tests/superlink_pauses.py): every training the nodes finished is accepted, none is
-lost to the error reply an overlapping pull of the same id gets, none counts twice."""
+lost to the error reply an overlapping pull of the same id gets (or, from Flower 1.43 on, to
+the reply Flower's grid drops for that pull), none counts twice."""
 
 from __future__ import annotations
 
@@ -50,7 +51,10 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     assert code == 0, output[-3000:]
     assert pauser.done == PAUSES, output[-3000:]
     overlaps = re.findall(r"an overlapping pull's error reply to \w+ dropped", output)
-    assert overlaps, output[-3000:]  # the race happened, and its errors were dropped
+    # The race happened: up to Flower 1.42 the overlapping pull gets an error reply, which
+    # fedstale drops; from 1.43 on Flower's grid drops that reply itself and logs it.
+    dropped_by_flower = re.findall(r"Message \w+ objects unavailable", output)
+    assert overlaps or dropped_by_flower, output[-3000:]
     assert len(overlaps) == len(set(overlaps)), overlaps  # said once per id
     summary = json.loads((runs / "paused" / "summary.json").read_text())
     assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary

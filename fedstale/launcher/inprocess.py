@@ -110,6 +110,7 @@ class CohortTransport(InProcessTransport):
         self.pool = pool
         self.pending: list[tuple[str, int, dict, Arrays, ArraySets | None]] = []
         self.cohort_sizes: list[int] = []  # tasks in each computation that trained this run's
+        self.own_sizes: list[int] = []  # of which this run's own
         self.failure: BaseException | None = None
         pool.expect(self)
 
@@ -138,6 +139,7 @@ class CohortTransport(InProcessTransport):
 
     def answer(self, cohort: list, results: list[Result], size: int) -> None:
         self.cohort_sizes.append(size)
+        self.own_sizes.append(len(cohort))
         for (msg_id, *_), (metrics, result, outputs) in zip(cohort, results, strict=True):
             self.replies[msg_id] = Reply(msg_id, metrics=metrics, arrays=result, sets=outputs)
 

@@ -42,14 +42,28 @@ def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
 def cohorts_of(engine: Engine) -> dict[str, Any]:
     """`cohorts` where the run's tasks trained in cohorts (trainer=cohort): how many
     computations trained them, their mean and largest size in tasks (a grid's cohorts hold
-    every run's waiting tasks), and how many there were of each size."""
+    every run's waiting tasks), and how many there were of each size; in a grid also this
+    run's own share (`own`: its tasks per computation, mean and largest, and the fraction of
+    the tasks those computations trained that were its own)."""
     sizes = getattr(engine.transport, "cohort_sizes", None)
     if sizes is None:
         return {}
     histogram = {str(size): sizes.count(size) for size in sorted(set(sizes))}
-    mean = round(sum(sizes) / len(sizes), 3) if sizes else None
-    largest = max(sizes, default=None)
-    return {"cohorts": {"count": len(sizes), "mean": mean, "largest": largest, "sizes": histogram}}
+    cohorts: dict[str, Any] = {
+        "count": len(sizes),
+        "mean": mean_of(sizes),
+        "largest": max(sizes, default=None),
+        "sizes": histogram,
+    }
+    own = getattr(engine.transport, "own_sizes", None)
+    if own is not None and own != sizes:  # shared with other runs: a grid's pool
+        share = round(sum(own) / sum(sizes), 4) if sum(sizes) else None
+        cohorts["own"] = {"mean": mean_of(own), "largest": max(own, default=None), "share": share}
+    return {"cohorts": cohorts}
+
+
+def mean_of(sizes: list[int]) -> float | None:
+    return round(sum(sizes) / len(sizes), 3) if sizes else None
 
 
 def finite_or_null(value: Any) -> Any:
