@@ -12,7 +12,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 setup: $(VENV)/.installed
 
-# torch first, the CPU build; the project's range (torch>=2.13.0,<2.14) then leaves it alone.
+# torch first, the CPU build; the project's range (torch>=2.0.1,<3) then leaves it alone.
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet torch==2.13.0
