@@ -62,10 +62,10 @@ WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_i
 # Where the library's defaults differ from the run config's: a Flower user's server runs on
 # the wall clock, with no virtual-time budget and no lr decay unless asked.
 LIBRARY_DEFAULTS: dict[str, Any] = {"clock": "wall", "lr-decay": 1.0, "max-virtual-time": 0.0}
+CAPABILITY_ARGUMENTS = {"model_fn", "input_shape", "edges"}  # ServerModel's, Topology's
 # Defaults that come from `start` (None in the classes' signatures): lr from train_config
 # (else 0.01), max-versions from num_rounds, both timeouts from timeout, eval-interval
 # WALL_EVAL_SECONDS on the wall clock (else the run config's).
-CAPABILITY_ARGUMENTS = {"model_fn", "input_shape", "edges"}  # ServerModel's, Topology's
 FROM_START = ("lr", "max-versions", "task-timeout", "task-ttl", "eval-interval")
 
 
