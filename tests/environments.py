@@ -33,6 +33,7 @@ class Environment:
     name: str
     python: str  # "3.12": found under pyenv or on PATH
     pins: tuple[str, ...]  # what the user had installed first
+    in_ci: bool = True  # False: by `python -m bench.environments` (or FEDSTALE_ENVIRONMENTS=all)
 
     def interpreter(self) -> Path | None:
         root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
@@ -49,10 +50,12 @@ ENVIRONMENTS = {
     # The newest of each: Python 3.13, torch 2.15.0.
     "py313-torch2.15": Environment("py313-torch2.15", "3.13", ("torch==2.15.0", "numpy==2.5.5")),
     # The floor: the oldest torch fedstale runs on (torch.func arrived in 2.0), numpy's floor.
-    "py311-torch2.0.1": Environment("py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4")),
+    "py311-torch2.0.1": Environment(
+        "py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4"), in_ci=False
+    ),
     # torchvision's models by name (`model=resnet18`): the pair the env notes name for x86_64.
     "py311-torchvision0.29.1": Environment(
-        "py311-torchvision0.29.1", "3.11", ("torch==2.14.1", "torchvision==0.29.1")
+        "py311-torchvision0.29.1", "3.11", ("torch==2.14.1", "torchvision==0.29.1"), in_ci=False
     ),
 }
 

@@ -109,7 +109,7 @@ def run_task(request: dict[str, Any]) -> None:
         reseed()
         if request.pop("quiet"):
             quiet()
-        run_clientapp = internal.RUN_CLIENTAPP.load()
+        run_clientapp = importlib.import_module(RUNTIME).run_clientapp
         certificates = request.pop("certificates")
         run_clientapp(certificates=certificates.encode() if certificates else None, **request)
         code = 0
