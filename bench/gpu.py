@@ -53,7 +53,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -111,16 +111,13 @@ class Plan:
         576 for the grid took about 20 minutes for every row): LeNet only; the bare loop,
         the cohort and one worker; FedPSA per task and in cohorts (>= 2x); the 12-run grid
         together (>= 10x the bare loop); Flower simulation at num-gpus 1 (>= 0.9x)."""
-        return cls(
-            device="cuda",
+        return replace(
+            cls.full(),
             models=("lenet",),
-            base="partition=dirichlet dirichlet-alpha=0.1 device=cuda",
             tasks=60,
             budgets={"lenet": 3_000.0},
             workers=(1,),
             gpu_shares=(1.0,),
-            quickstart_rounds=30,
-            grid_seeds=3,
             grid_budget=750.0,
             everything=False,
         )

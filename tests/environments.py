@@ -129,13 +129,22 @@ def run_simulation(bin_dir: Path, here: Path, home: Path) -> dict:
 def run_quickstart(bin_dir: Path, quickstart: Path, here: Path, home: Path) -> dict:
     """The quickstart's ServerApp with fedstale's FedBuff (the library door), by that
     virtualenv's `flwr run` on a simulation SuperLink of that virtualenv; its summary."""
-    from tests.flower_procs import _Deployment
-
     app = here.parent / quickstart.name
     shutil.copytree(quickstart, app, ignore=shutil.ignore_patterns("__pycache__"))
+    flwr_run_in_simulation(bin_dir, app, here, home, 600)
+    (folder,) = (here / "runs").iterdir()
+    return summary_of(folder)
+
+
+def flwr_run_in_simulation(bin_dir: Path, app: Path, here: Path, home: Path, timeout: float) -> str:
+    """`flwr run` of `app` (3 rounds, 4 nodes) by that virtualenv's Flower, on a simulation
+    SuperLink of that virtualenv started in `here` (the ServerApp writes the library's runs/
+    in its working directory) and stopped after; the output."""
+    from tests.flower_procs import _Deployment
+
     link = _Deployment(home, 0, simulation=True, bin_dir=bin_dir)
     previous = Path.cwd()
-    os.chdir(here)  # the ServerApp writes the library's runs/ in its working directory
+    os.chdir(here)
     try:
         link.start()
     finally:
@@ -144,11 +153,9 @@ def run_quickstart(bin_dir: Path, quickstart: Path, here: Path, home: Path) -> d
         command = [bin_dir / "flwr", "run", app, CONNECTION, "--stream"]
         command += ["--run-config", "num-server-rounds=3"]
         command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
-        run(command, 600, here, {"FLWR_HOME": str(link.home)})
+        return run(command, timeout, here, {"FLWR_HOME": str(link.home)})
     finally:
         link.stop()
-    (folder,) = (here / "runs").iterdir()
-    return summary_of(folder)
 
 
 def versions(bin_dir: Path) -> dict[str, str]:

@@ -7,14 +7,12 @@ from a fresh virtualenv that holds fedstale's wheel and the package as pip insta
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedstale.launcher.deploy import CONNECTION
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.base import View
 from tests.helpers import rule_package, run_config, update
@@ -219,28 +217,15 @@ def test_from_a_fresh_venv_the_library_offers_the_package_rule(fresh: Path, tmp_
     virtualenv: the wheel's library door at the newest bound."""
     import shutil
 
-    from tests.flower_procs import _Deployment
-    from tests.wheel_env import elsewhere, run
+    from tests.environments import flwr_run_in_simulation
+    from tests.wheel_env import elsewhere
 
     here = elsewhere(tmp_path)
     app = tmp_path / QUICKSTART.name
     shutil.copytree(QUICKSTART, app, ignore=shutil.ignore_patterns("__pycache__"))
     server = next(app.glob("*/server_app.py"))
     server.write_text(server.read_text().replace("FedBuff", "MedianBuffer"))
-    link = _Deployment(tmp_path / "home", 0, simulation=True, bin_dir=fresh)
-    previous = Path.cwd()
-    os.chdir(here)  # the SuperLink's processes write the library's runs/ here
-    try:
-        link.start()
-    finally:
-        os.chdir(previous)
-    try:
-        command = [fresh / "flwr", "run", app, CONNECTION, "--stream"]
-        command += ["--run-config", "num-server-rounds=3"]
-        command += ["--federation-config", "num-supernodes=4 client-resources-num-cpus=1"]
-        output = run(command, 300, here, {"FLWR_HOME": str(link.home)})
-    finally:
-        link.stop()
+    output = flwr_run_in_simulation(fresh, app, here, tmp_path / "home", 300)
     assert "Successfully started run" in output
     (folder,) = (here / "runs").iterdir()
     summary = json.loads((folder / "summary.json").read_text())
