@@ -95,6 +95,21 @@ def test_the_engine_and_the_setup_never_probe_a_strategy_by_name() -> None:
     assert not probes
 
 
+def test_privacy_is_one_stage_the_engine_calls_the_same_way_on_or_off() -> None:
+    """No `privacy is None` branch in the engine; the privacy room imports nothing of the
+    server app outside itself (no arrow back up), and the engine imports only its stage."""
+    engine = (ROOT / "fedstale" / "server_app" / "engine.py").read_text()
+    assert "privacy is None" not in engine and "privacy is not None" not in engine
+    assert "central_dp" not in engine
+    room = ROOT / "fedstale" / "server_app" / "privacy"
+    for path in room.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "fedstale.server_app"
+            ):
+                assert (node.module or "").startswith("fedstale.server_app.privacy"), path
+
+
 def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:
     source = tmp_path / "mod.py"
     source.write_text(

@@ -1,4 +1,4 @@
-"""Central DP in the engine (fedstale/server_app/central_dp.py): clipping before the rule,
+"""Central DP in the engine (fedstale/server_app/privacy/central_dp.py): clipping before the rule,
 noise of the declared deviation (per client) on every release, unpredictable unless a
 replay seed is asked for, accounted with Flower's RdpAccountant (or PLD), a budget that
 ends the run, and nodes that do not clip excluded."""
@@ -25,14 +25,14 @@ from fedstale.common.config import ConfigError
 from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import CLIPPING_NORM, TaskKeys
-from fedstale.server_app.central_dp import (
-    NOISE_STREAM,
+from fedstale.server_app.engine import Engine
+from fedstale.server_app.privacy.central_dp import (
     CentralDP,
     check_budget,
     epsilon_after,
     releases_within,
 )
-from fedstale.server_app.engine import Engine
+from fedstale.server_app.privacy.noise import NOISE_STREAM
 from fedstale.strategies.base import Outcome, Update
 from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
 from fedstale.strategies.fedavg import FedAvg
@@ -300,7 +300,7 @@ def test_the_pld_accountant_gives_dp_accountings_pld_epsilon_for_the_same_releas
     assert pld.privacy.epsilon() == pytest.approx(17.857, abs=0.01)
     assert rdp.privacy.epsilon() == pytest.approx(19.0536, abs=1e-3)
     summary = pld.privacy.summary()["privacy"]
-    assert summary["accounting"].startswith("pld, add-or-remove-one client")
+    assert summary["accounting"].startswith("pld, zero-out of one client's updates")
     fresh = dp_engine(FedBuff, FedBuffParams(), **releases, **{"dp-accountant": "pld"})
     fresh.load_state(json.loads(json.dumps(pld.state())))  # through a checkpoint
     assert fresh.privacy is not None
@@ -532,8 +532,8 @@ def test_fedstales_rdp_accountant_is_flowers_to_the_last_digit_and_shares_its_st
     """fedstale's RdpAccountant (dp_accounting, no Flower internals) composes as Flower's
     does: the same epsilon, optimal order and delta for mixed events, and each loads the
     other's state (a checkpoint written with Flower's accountant resumes)."""
-    from fedstale.server_app.accounting import AccountingConfig, GaussianRelease
-    from fedstale.server_app.accounting import RdpAccountant as Ours
+    from fedstale.server_app.privacy.accounting import AccountingConfig, GaussianRelease
+    from fedstale.server_app.privacy.accounting import RdpAccountant as Ours
 
     ours, flower = Ours(AccountingConfig(1e-5, 6)), accountant()
     for noise, size, count in ((1.1, 2, 3), (0.7, 6, 1), (2.0, 1, 5)):

@@ -120,19 +120,25 @@ def test_resume_refuses_a_checkpoint_of_another_format_in_one_line(tmp_path: Pat
 
 
 def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path) -> None:
-    """The accountant's ledger is in the checkpoint: the resumed run's epsilon is that of
-    all 14 releases, not of the 6 it made itself."""
-    from fedstale.server_app.central_dp import epsilon_after
+    """The ledger, not the checkpoint, holds the releases: the first run was checkpointed
+    at version 8 and went on to 10; resumed from 8 to 14, the lineage has made 10 + 6
+    releases, and the resumed run's epsilon is theirs."""
+    from fedstale.server_app.privacy.central_dp import epsilon_after
 
     dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     run(tmp_path, "first", strategy="fedbuff", **dp, **{"max-versions": 10})
     first = tmp_path / "first"
+    saved = checkpoint.load(str(first))
+    assert saved.version < 10  # releases after the checkpoint went out
     resumed = {"max-versions": 14, "resume-from": str(first)}
     summary, _ = run(tmp_path, "second", strategy="fedbuff", **dp, **resumed)
     privacy = summary["privacy"]
     config, _ = load_config({**BASE, **dp, "max-versions": 14})
-    assert privacy["releases"] == summary["versions"] == 14
-    assert privacy["epsilon"] == pytest.approx(epsilon_after(config, 14), rel=1e-12)
+    lineage = 10 + 14 - saved.version
+    assert summary["versions"] == 14 and privacy["releases"] == lineage
+    assert privacy["releases_this_run"] == 14 - saved.version
+    assert privacy["epsilon"] == pytest.approx(epsilon_after(config, lineage), rel=1e-12)
+    assert privacy["ledger"] == str((first / "privacy-ledger.jsonl").resolve())
 
 
 def test_a_run_from_before_a_key_existed_resumes_at_that_keys_default(tmp_path: Path) -> None:

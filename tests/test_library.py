@@ -30,12 +30,12 @@ from fedstale.common.records import from_array_record, message_content
 from fedstale.common.schema import InvalidReply, TaskKeys, TaskSpec
 from fedstale.launcher.deploy import CONNECTION, LocalDeployment
 from fedstale.launcher.launch import tool
-from fedstale.server_app.central_dp import epsilon_after
 from fedstale.server_app.clock import Task
 from fedstale.server_app.contract import FlowerContract, MissingSignal
 from fedstale.server_app.engine import Engine, EngineError
 from fedstale.server_app.flower_strategy import AsyncStrategy
 from fedstale.server_app.nodes import NodesInOrder
+from fedstale.server_app.privacy.central_dp import epsilon_after
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
 from fedstale.server_app.transport import Reply
@@ -457,6 +457,17 @@ def test_should_stop_ends_the_run_after_the_version_it_says(
     assert (summary["versions"], summary["stop_reason"]) == (2, "should_stop")
 
 
+def dp_run(
+    link_in: tuple[LocalDeployment, Path], app: Path, config: str
+) -> tuple[dict[str, Any], str, Path]:
+    """`flwr run` of a DP app in simulation: its summary, its output and its run folder."""
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    output = flwr_run(link.env, app, config)
+    run = new_run(work, before)
+    return json.loads((run / "summary.json").read_text()), output, run
+
+
 @pytest.mark.integration
 def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     link_in: tuple[LocalDeployment, Path],
@@ -468,11 +479,7 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     client = (DP_EXAMPLE / "asyncquickstartdp" / "client_app.py").read_text()
     assert "fedstale" not in client.split('"""')[-1]
     assert "@app.train(mods=[fixedclipping_mod])" in client and "ClientApp()" in client
-    link, work = link_in
-    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
-    output = flwr_run(link.env, DP_EXAMPLE, "num-server-rounds=4")
-    run = new_run(work, before)
-    summary = json.loads((run / "summary.json").read_text())
+    summary, output, _ = dp_run(link_in, DP_EXAMPLE, "num-server-rounds=4")
     privacy = summary["privacy"]
     assert (summary["versions"], summary["updates_rejected"]) == (4, 0)
     assert (privacy["clipping"], privacy["releases"], privacy["noise_multiplier"]) == (
@@ -488,6 +495,37 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     assert "fixedclipping_mod: parameters are clipped" in output
     # the mod sits on the train handler: federated evaluation answers without the norm
     assert re.search(r"aggregate_evaluate: Received [1-9]\d* results and 0 failures", output)
+
+
+@pytest.mark.integration
+def test_an_accountant_that_holds_releases_stops_the_library_run_within_its_budget(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    """Flower's RdpAccountant passed with 3 releases composed (epsilon 9.01 at z = 1) and
+    max-epsilon 12: one release fits (10.73), a second would not (12.30); the priors are the
+    ledger's first line."""
+    app = app_with(
+        tmp_path,
+        DP_EXAMPLE,
+        "    NeighboringRelation,\n",
+        "    GaussianPrivacyEvent,\n    NeighboringRelation,\n",
+    )
+    server = next(app.glob("*/server_app.py"))
+    server.write_text(
+        server.read_text().replace(
+            "    dp_strategy = DifferentialPrivacyClientSideFixedClipping(",
+            "    accountant.compose(GaussianPrivacyEvent(1.0, 3, 4), 3)\n"
+            "    dp_strategy = DifferentialPrivacyClientSideFixedClipping(",
+        )
+    )
+    summary, output, run = dp_run(link_in, app, "num-server-rounds=10 max-epsilon=12")
+    privacy = summary["privacy"]
+    assert summary["stop_reason"].startswith("privacy budget: epsilon 10.7")
+    assert (summary["versions"], privacy["releases"]) == (1, 1)
+    assert 10.7 < privacy["epsilon"] <= 12
+    assert "Privacy spent: epsilon 10.73 at delta 1e-05 over 4 releases" in output
+    first = json.loads((run / "privacy-ledger.jsonl").read_text().splitlines()[0])
+    assert (first["origin"], first["count"], first["noise_multiplier"]) == ("accountant", 3, 1.0)
 
 
 @pytest.mark.integration

@@ -196,7 +196,8 @@ class RunConfig(KebabModel):
     dp_noise_seed: int = Field(-1, ge=-1)
     dp_accountant: Literal["rdp", "pld"] = "rdp"
     dp_max_rejections: int = Field(3, ge=1)
-    dp_client_values: Literal["keep", "omit"] = "keep"
+    dp_client_values: Literal["auto", "keep", "omit"] = "auto"
+    dp_secure_noise: bool = False
 
     clock: Literal["virtual", "wall"] = "virtual"
     latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
@@ -384,10 +385,20 @@ def _check_privacy(cfg: RunConfig) -> None:
         )
     if cfg.dp_max_epsilon > 0 and cfg.dp_noise_multiplier <= 0:
         raise ValueError("dp-max-epsilon needs noise: set dp-noise-multiplier > 0")
-    if cfg.dp_client_values == "omit" and cfg.eval_target == "per-client":
+    omits = cfg.dp_client_values == "omit" or (
+        cfg.dp_client_values == "auto" and cfg.dp_noise_multiplier > 0
+    )
+    if omits and cfg.eval_target == "per-client":
         raise ValueError(
-            "dp-client-values=omit leaves out what the DP guarantee does not cover, and "
-            "per-client evaluation scores the clients' own data: use eval-target=global"
+            f"dp-client-values={cfg.dp_client_values} leaves out what the DP guarantee does "
+            "not cover, and per-client evaluation scores the clients' own data: use "
+            "eval-target=global, or dp-client-values=keep to keep values outside the guarantee"
+        )
+    if cfg.dp_secure_noise and cfg.dp_noise_multiplier <= 0:
+        raise ValueError("dp-secure-noise draws noise: set dp-noise-multiplier > 0, or drop it")
+    if cfg.dp_secure_noise and cfg.dp_noise_seed >= 0:
+        raise ValueError(
+            "dp-secure-noise makes the noise unpredictable and dp-noise-seed replayable: choose one"
         )
     if cfg.dp_noise_seed >= 0 and cfg.dp_noise_multiplier <= 0:
         raise ValueError("dp-noise-seed seeds noise: set dp-noise-multiplier > 0, or drop it")

@@ -57,10 +57,10 @@ from fedstale.launcher.launch import (
 )
 from fedstale.launcher.local_link import owned_local_superlink
 from fedstale.launcher.ray_cluster import RAY_ADDRESS, ray_cluster
-from fedstale.server_app.central_dp import dominance_notes
 from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
+from fedstale.server_app.privacy.central_dp import dominance_notes
 from fedstale.server_app.results import runs_root
 from fedstale.strategies.registry import package_rules
 

@@ -19,7 +19,7 @@ import numpy as np
 from fedstale.common.config import RunConfig, score_row
 from fedstale.common.latency import LatencyProfile
 from fedstale.common.layout import ParamLayout
-from fedstale.common.schema import ARRAYS, MSG_TRAIN, RETURN_MODEL, InvalidReply, TaskSpec
+from fedstale.common.schema import ARRAYS, MSG_TRAIN, InvalidReply, TaskSpec
 from fedstale.common.seeding import task_seed
 from fedstale.server_app.budgets import (
     TIME_BUDGET,
@@ -29,11 +29,11 @@ from fedstale.server_app.budgets import (
     time_budget,
     wall_budget,
 )
-from fedstale.server_app.central_dp import CentralDP, NotClipped
 from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.nodes import NodeBook, Nodes
+from fedstale.server_app.privacy.stage import NoPrivacy, PrivacyStage
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
 from fedstale.server_app.tasks import TaskBook
@@ -78,7 +78,7 @@ class Engine:
         client_scorer: ClientScorer | None = None,
         contract: Contract | None = None,
         nodes: Nodes | None = None,
-        privacy: CentralDP | None = None,
+        privacy: PrivacyStage | None = None,
     ) -> None:
         self.run = run
         self.strategy = strategy
@@ -111,8 +111,7 @@ class Engine:
         self.stop_asked_at = 0
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
-        self.privacy = privacy
-        self.unclipped: dict[int, int] = {}  # node -> updates rejected above the norm
+        self.privacy: PrivacyStage = privacy or NoPrivacy()
         self.first_update_time: float | None = None  # Unix time of the first accepted update
         self.first_update_at: float | None = None  # and its monotonic time
 
@@ -218,14 +217,11 @@ class Engine:
             extra={
                 **assignment.entries,
                 **self.scores.task_entries(),
-                **self.dp_entries(),
+                **self.privacy.task_entries(),
                 **self.nodes.entries(assignment.client),
             },
         )
         return replace(spec, **assignment.settings)
-
-    def dp_entries(self) -> dict[str, Any]:
-        return self.privacy.task_entries() if self.privacy is not None else {}
 
     def dispatch(self, assignment: Assignment) -> None:
         with self.watch("dispatch"):
@@ -262,17 +258,11 @@ class Engine:
                 finishes_at=self.clock.finish_time(latency),
                 deadline=time.monotonic() + timeout if timeout else math.inf,
                 sets=tuple(sorted(assignment.reply_sets)),
-                start=self.start_kept(assignment),
+                start=self.privacy.start_of(self.strategy.returns, assignment.models[ARRAYS]),
             )
         )
         self.strategy.on_dispatch(client)
         self.counters.dispatched += 1
-
-    def start_kept(self, assignment: Assignment) -> np.ndarray | None:
-        """The model a task starts from, kept where DP clips a returned model's delta."""
-        if self.privacy is None or self.strategy.returns != RETURN_MODEL:
-            return None
-        return np.array(assignment.models[ARRAYS], dtype=np.float32, copy=True)
 
     # ---------------------------------------------------------------- replies
     def collect(self) -> None:
@@ -370,7 +360,7 @@ class Engine:
         try:
             arrival = Arrival(task, self.version, self.counters.accepted, self.book.answered)
             update = self.contract.update(arrival, reply, self.strategy, self.layout)
-            return update if self.privacy is None else self.privacy.clip(update, task.start)
+            return self.privacy.clip(update, task.start)
         except InvalidReply as err:
             self.reject(task, err)
             on_reject()
@@ -401,30 +391,18 @@ class Engine:
             task.client,
             err,
         )
-        if isinstance(err, NotClipped):
-            self.exclude_if_unclipped(task)
+        if self.privacy.excludes(task.node, task.client, err):
+            self.exclude(task.node)
         if isinstance(err, MissingSignal):
             self.missing_signals += 1
             if not self.counters.accepted and self.missing_signals >= self.run.concurrency:
                 raise EngineError(str(err))
 
-    def exclude_if_unclipped(self, task: Task) -> None:
-        """Client-side clipping: a node whose updates exceeded the clipping norm
-        `dp-max-rejections` times is excluded from the run; with no node left, the run
-        ends (its results kept) with the fix."""
-        count = self.unclipped[task.node] = self.unclipped.get(task.node, 0) + 1
-        if count < self.run.dp_max_rejections:
-            return
-        log.error(
-            "node %d (client %d) excluded from the run: %d of its updates exceeded "
-            "dp-clipping-norm %g (dp-max-rejections); its ClientApp does not clip",
-            task.node,
-            task.client,
-            count,
-            self.run.dp_clipping_norm,
-        )
-        self.nodes.exclude(task.node)
-        for other in self.book.on_nodes({task.node}):
+    def exclude(self, node: int) -> None:
+        """Exclude a node the privacy stage refuses (its updates exceed the clipping norm)
+        and retire its tasks; with no node left, the run ends (its results kept)."""
+        self.nodes.exclude(node)
+        for other in self.book.on_nodes({node}):
             self.retire(other, "its node was excluded", may_answer=False)
         if not self.nodes.clients:
             self.stop_reason = (
@@ -441,23 +419,23 @@ class Engine:
 
     def apply(self, outcome: Outcome) -> None:
         """Bump the version, record the weights, supersede and replace, checkpoint."""
+        released = False
         if outcome.changed:
-            if self.privacy is not None:
-                self.stop_reason = (
-                    self.privacy.release_of(self.strategy, outcome, self.version + 1)
-                    or self.stop_reason
-                )
-            self.version += 1
+            verdict = self.privacy.release_of(self.strategy, outcome, self.version + 1)
+            self.stop_reason = verdict.stop or self.stop_reason
+            released = verdict.released
+            if released:
+                self.version += 1
         for record in outcome.records:
-            public = record if self.privacy is None else self.privacy.public_record(record)
+            public = self.privacy.public_record(record)
             self.recorder.update(
                 {"time": self.clock.now(), "version": self.version, **_plain(public)}
             )
-        if outcome.supersede or outcome.dispatch:
+        if (outcome.supersede or outcome.dispatch) and (released or not outcome.changed):
             self.supersede(outcome.supersede)
             self.dispatch_now(outcome.dispatch)
         every = self.run.checkpoint_every
-        if outcome.changed and every and self.version % every == 0 and self.checkpointer:
+        if released and every and self.version % every == 0 and self.checkpointer:
             self.checkpointer(self)
 
     def dispatch_now(self, assignments: list[Assignment]) -> None:
@@ -591,12 +569,9 @@ class Engine:
         )
 
     def run_loop(self) -> None:
-        self.wait_for_clients()
-        self.loop_started = time.monotonic()
-        if self.scores.by_message:  # the first train replies score the initial models
-            self.fill()
-        self.evaluate_due(0.0)
-        self.fill()
+        self.stop_reason = self.privacy.started(self.strategy) or self.stop_reason
+        if not self.stop_reason:
+            self.begin()
         while not self.stop_reason:
             self.refresh_nodes()
             self.fill()
@@ -613,6 +588,14 @@ class Engine:
             if self.progress is not None:
                 self.progress(self)
         self.finish()
+
+    def begin(self) -> None:
+        self.wait_for_clients()
+        self.loop_started = time.monotonic()
+        if self.scores.by_message:  # the first train replies score the initial models
+            self.fill()
+        self.evaluate_due(0.0)
+        self.fill()
 
     def idle(self, seconds: float) -> None:
         """Sleep between polls; a transport that can tell when work finishes ends it early."""
@@ -663,7 +646,7 @@ class Engine:
             "rng": self.rng.bit_generator.state,
             "time_to_target": self.time_to_target,
             "target_hit": self.target_hit,
-            **({"privacy": self.privacy.state()} if self.privacy is not None else {}),
+            "privacy": self.privacy.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -675,8 +658,7 @@ class Engine:
         self.rng.bit_generator.state = state["rng"]
         self.scores.time_to_target = state["time_to_target"]
         self.scores.target_hit = state["target_hit"]
-        if self.privacy is not None and "privacy" in state:
-            self.privacy.load_state(state["privacy"])
+        self.privacy.load_state(state.get("privacy", {}))
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

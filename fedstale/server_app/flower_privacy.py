@@ -30,13 +30,13 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 
 from fedstale.common.config import ConfigError
-from fedstale.server_app.accounting import supported
 from fedstale.server_app.flower_strategy import (
     AsyncResult,
     AsyncStrategy,
     EvaluateFn,
     ShouldStop,
 )
+from fedstale.server_app.privacy.accounting import supported
 
 
 class FixedClipping:

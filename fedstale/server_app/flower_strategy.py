@@ -475,7 +475,7 @@ class LibraryDoor(Door):
 
     def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
         self.collect(engine)
-        if engine.privacy is not None and engine.privacy.epsilon() is not None:
+        if engine.privacy.epsilon() is not None:
             self.result.privacy = engine.privacy.spent()
 
 

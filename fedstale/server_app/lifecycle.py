@@ -34,11 +34,16 @@ from fedstale.common.config import (
 from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.server_app import checkpoint
-from fedstale.server_app.central_dp import CentralDP, check_budget, privacy_words
 from fedstale.server_app.contract import Contract
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
 from fedstale.server_app.nodes import Nodes
+from fedstale.server_app.privacy.central_dp import (
+    CentralDP,
+    check_budget,
+    check_resume,
+    privacy_words,
+)
 from fedstale.server_app.progress import Progress, ProgressBar, progress_for
 from fedstale.server_app.provenance import provenance
 from fedstale.server_app.results import (
@@ -160,6 +165,8 @@ def prepare(
     name = door.name(run)
     settings = door.settings(run, params, name)
     resumed, kept = prepare_folder(run, settings, name)
+    if resumed is not None:
+        check_resume(run, resumed.engine_state.get("privacy"), door.accountant(run))
     door.refuse(run)
     return name, settings, resumed, kept
 
@@ -245,7 +252,7 @@ def make_engine(
         door.client_scorer(run),
         contract=door.contract,
         nodes=door.nodes(run),
-        privacy=CentralDP.for_run(run, door.accountant(run)),
+        privacy=CentralDP.for_run(run, door.accountant(run), recorder.dir, recorder.dir.name),
     )
     return engine
 

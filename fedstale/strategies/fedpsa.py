@@ -401,6 +401,8 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         return softmax(kappas, temp), temp
 
     def on_update(self, update: Update, view: View) -> Outcome:
+        if self.params.fedpsa_diagnostic:
+            self.remember(view.version)
         self.observe(update)
         batch = self.buffer.add(update)
         if batch is None:
@@ -418,10 +420,15 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
             update_record(u, w, kappa=float(k), temp=temp, **a)
             for u, w, k, a in zip(batch, weights, kappas, alignments, strict=True)
         ]
-        if self.params.fedpsa_diagnostic:
-            self.history[view.version + 1] = self.model.copy()
-            self.history.pop(view.version + 1 - HISTORY, None)
         return Outcome(changed=True, records=records)
+
+    def remember(self, version: int) -> None:
+        """Keep global model `version` as it was released: taken when the next update
+        arrives, after the server's DP noise (if any) was added, never the rule's own
+        un-noised result."""
+        if version not in self.history:
+            self.history[version] = self.model.copy()
+            self.history.pop(version - HISTORY, None)
 
     def alignments(self, batch: list[Update]) -> list[dict[str, float]]:
         """Eq. 22 for each buffered update against the global model before this step."""

@@ -114,13 +114,21 @@ class Accountant:
         return Spent(self.get_epsilon(target), target, self.num_releases, self.method)
 
     def would_exceed(self, event: Any, max_epsilon: float | None = None, count: int = 1) -> bool:
+        """Whether `count` more releases of `event` would pass the limit (Flower's check;
+        the ledger so far composed once per noise multiplier, not once per release)."""
         limit = self._config.max_epsilon if max_epsilon is None else max_epsilon
         if limit is None:
             raise ValueError("max_epsilon must be given in the config or here")
-        projected = type(self)(self._config)
+        import dp_accounting
+
+        totals: dict[float, int] = {}
         for past, times in [*self._compositions, (event, count)]:
-            projected.compose(past, times)
-        return projected.get_epsilon(self._config.target_delta) > limit
+            z = float(past.noise_multiplier)
+            totals[z] = totals.get(z, 0) + times
+        projected = self._new_backend()
+        for z, times in totals.items():
+            projected.compose(dp_accounting.GaussianDpEvent(z), times)
+        return float(projected.get_epsilon(self._config.target_delta)) > limit
 
     def events(self) -> list[dict[str, Any]]:
         return [
@@ -195,3 +203,14 @@ class PldAccountant(Accountant):
 
     def state_dict(self) -> dict[str, object]:
         return {**super().state_dict(), "compositions": self.events()}
+
+
+def prior_events(accountant: Any) -> list[tuple[GaussianRelease, int]]:
+    """The releases an accountant (fedstale's or Flower's) already holds, from its state."""
+    state = accountant.state_dict()
+    out = []
+    for composition in state.get("compositions", []):
+        event = composition.get("event", composition)
+        values = {k: v for k, v in event.items() if k != "count"}
+        out.append((GaussianRelease(**values), int(composition["count"])))
+    return out

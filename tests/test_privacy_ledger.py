@@ -1,0 +1,307 @@
+"""The privacy ledger and the budget (fedstale/server_app/privacy/): every release written
+before it leaves, counted across resumes and forks of one lineage, the budget checked on
+the live ledger before each release, a killed run losing nothing, nothing un-noised kept,
+values outside the guarantee left out by default, and the secure noise option."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.supercore.privacy_accounting import GaussianPrivacyEvent
+from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
+
+from fedstale.common.config import ConfigError
+from fedstale.server_app import checkpoint
+from fedstale.server_app.privacy.central_dp import CentralDP, epsilon_after
+from fedstale.server_app.privacy.ledger import LEDGER_FILE, RELEASE, Ledger
+from fedstale.server_app.privacy.noise import NOISE_STREAM, SecureGaussian
+from fedstale.strategies.base import Outcome
+from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
+from fedstale.strategies.registry import load_config
+from tests.helpers import run_config
+from tests.test_central_dp import accountant, dp_engine, ran
+from tests.test_checkpoint import BASE, run
+
+ROOT = Path(__file__).resolve().parents[1]
+DP = {"strategy": "fedbuff", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
+
+
+def ledger_lines(folder: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (folder / LEDGER_FILE).read_text().splitlines()]
+
+
+def releases_of(folder: Path) -> int:
+    return sum(1 for line in ledger_lines(folder) if line["origin"] == RELEASE)
+
+
+# ---------------------------------------------------------------- the ledger itself
+def test_a_file_ledger_is_read_once_by_each_reader_and_shared_by_two(tmp_path: Path) -> None:
+    path = tmp_path / LEDGER_FILE
+    first, second = Ledger.at(path, "a"), Ledger.at(path, "b")
+    with first.held() as lines:
+        assert lines == []
+        first.append(
+            {"origin": RELEASE, "noise_multiplier": 1.0, "sample_size": 1, "population_size": 4}
+        )
+    with second.held() as lines:
+        assert [line["noise_multiplier"] for line in lines] == [1.0]
+        second.append(
+            {"origin": RELEASE, "noise_multiplier": 2.0, "sample_size": 1, "population_size": 4}
+        )
+    with first.held() as lines:  # only what the other branch wrote since
+        assert [line["noise_multiplier"] for line in lines] == [2.0]
+    with second.held() as lines:
+        assert lines == []
+
+
+def test_a_line_a_crash_cut_short_is_skipped_and_the_next_starts_on_its_own(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    path = tmp_path / LEDGER_FILE
+    path.write_text(
+        '{"origin": "release", "noise_multiplier": 1.0, "sample_size": 1, '
+        '"population_size": 4}\n{"origin": "rel'
+    )
+    ledger = Ledger.at(path, "a")
+    with ledger.held() as lines:
+        assert len(lines) == 1
+        ledger.append(
+            {"origin": RELEASE, "noise_multiplier": 1.0, "sample_size": 1, "population_size": 4}
+        )
+    assert "cut short by a crash" in caplog.text
+    assert len(Ledger.at(path, "b").entries()) == 2
+
+
+# ---------------------------------------------------------------- resumes and forks
+def test_two_forks_of_one_checkpoint_each_count_the_whole_lineage(tmp_path: Path) -> None:
+    """base: 4 releases (checkpoint at 4). fork1 and fork2 each resume it to version 8:
+    fork1 reports 8 releases, fork2 the 12 the clients' data paid for."""
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    base = tmp_path / "base"
+    resume = {"max-versions": 8, "resume-from": str(base)}
+    first, _ = run(tmp_path, "fork1", **DP, **resume)
+    second, _ = run(tmp_path, "fork2", **DP, **resume)
+    config, _ = load_config({**BASE, **DP, "max-versions": 12})
+    assert (first["versions"], second["versions"]) == (8, 8)
+    assert first["privacy"]["releases"] == 8 and second["privacy"]["releases"] == 12
+    assert second["privacy"]["epsilon"] == pytest.approx(epsilon_after(config, 12), rel=1e-12)
+    assert releases_of(base) == 12 and not (tmp_path / "fork2" / LEDGER_FILE).exists()
+    assert {line["run"] for line in ledger_lines(base)} == {"base", "fork1", "fork2"}
+
+
+def test_resuming_a_run_its_budget_stopped_is_refused_and_releases_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """z = 1: 4 releases spend 10.73, a fifth would spend 12.30 > 12."""
+    budget = {**DP, "dp-max-epsilon": 12.0, "checkpoint-every": 1, "max-versions": 50}
+    summary, _ = run(tmp_path, "spent", **budget)
+    folder = tmp_path / "spent"
+    assert summary["stop_reason"].startswith("privacy budget: epsilon 10.7")
+    assert summary["privacy"]["releases"] == summary["versions"] == 4
+    with pytest.raises(ConfigError, match="privacy budget is spent, nothing was released"):
+        run(tmp_path, "again", **{**budget, "resume-from": str(folder)})
+    assert releases_of(folder) == 4 and not (tmp_path / "again").exists()
+    from fedstale.launcher.cli import main
+
+    config = " ".join(
+        f"{key}={value}" for key, value in {**BASE, **budget, "resume-from": str(folder)}.items()
+    )
+    config += f" runs-dir={tmp_path} run-name=spent"
+    assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2
+    assert "privacy budget is spent" in capsys.readouterr().err
+    assert releases_of(folder) == 4
+
+
+def test_a_resume_without_its_lineages_ledger_is_refused(tmp_path: Path) -> None:
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    (tmp_path / "base" / LEDGER_FILE).rename(tmp_path / "elsewhere.jsonl")
+    with pytest.raises(ConfigError, match=r"privacy ledger of this run.s lineage.*is missing"):
+        run(tmp_path, "fork", **DP, **{"max-versions": 8, "resume-from": str(tmp_path / "base")})
+
+
+def test_a_killed_run_loses_no_release_from_the_ledger(tmp_path: Path) -> None:
+    """SIGKILL well past the last checkpoint: the ledger holds every version a client got,
+    and the resumed run counts them all besides its own."""
+    common = (
+        f"runs-dir='{tmp_path}' num-clients=6 concurrency=3 buffer-size=2 local-epochs=1 "
+        "max-virtual-time=0 eval-interval=1e9 dataset='digits' checkpoint-every=5 "
+        "dp-clipping-norm=1.0 dp-noise-multiplier=3.0"
+    )
+    config = f"{common} run-name='killed' max-versions=100000"
+    folder = tmp_path / "killed"
+    command = [sys.executable, "-m", "fedstale.launcher.cli", "run", "--local"]
+    process = subprocess.Popen(
+        [*command, "--run-config", config],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            rows = (folder / "updates.jsonl").read_text() if folder.is_dir() else ""
+            versions = [json.loads(row)["version"] for row in rows.splitlines()]
+            if versions and max(versions) >= 8 and max(versions) % 5 not in (0, 4):
+                break
+            time.sleep(0.05)
+        os.killpg(process.pid, signal.SIGKILL)
+    finally:
+        process.wait(timeout=30)
+    seen = max(
+        json.loads(row)["version"] for row in (folder / "updates.jsonl").read_text().splitlines()
+    )
+    saved = checkpoint.load(str(folder))
+    before = releases_of(folder)
+    assert before >= seen >= saved.version  # every release a client got is on the books
+    resumed = f"{common} run-name='after' max-versions={saved.version + 2} resume-from='{folder}'"
+    done = subprocess.run(
+        [*command, "--run-config", resumed], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    privacy = json.loads((tmp_path / "after" / "summary.json").read_text())["privacy"]
+    assert privacy["releases"] == before + 2 == releases_of(folder)
+
+
+# ---------------------------------------------------------------- the budget
+def flowers_accountant(priors: int) -> RdpAccountant:
+    """Flower's RdpAccountant holding `priors` releases at z = 1 (the budget is the run's)."""
+    held = accountant(population=6)
+    if priors:
+        held.compose(GaussianPrivacyEvent(1.0, 2, 6), priors)
+    return held
+
+
+def test_an_accountant_passed_with_releases_stops_the_run_before_it_passes_the_budget() -> None:
+    """Flower's accountant already holding 3 releases (9.01): one more fits (10.73), a
+    second would not (12.30 > 12)."""
+    settings = {"dp-noise-multiplier": 1.0, "dp-max-epsilon": 12.0, "max-versions": 20}
+    engine = dp_engine(FedBuff, FedBuffParams(), **settings)
+    stage = CentralDP(engine.run, engine.privacy.release, flowers_accountant(3))  # type: ignore[attr-defined]
+    engine.privacy = stage
+    ran(engine)
+    assert (engine.version, stage.own, stage.releases) == (1, 1, 1)
+    assert stage.epsilon() == pytest.approx(10.73, abs=0.01) and stage.epsilon() <= 12
+    assert engine.stop_reason.startswith("privacy budget: epsilon 10.7")
+    spent = dp_engine(FedBuff, FedBuffParams(), **settings)
+    spent.privacy = CentralDP(spent.run, stage.release, flowers_accountant(4))
+    ran(spent)
+    assert spent.version == 0 and spent.stop_reason.startswith("privacy budget")
+
+
+def test_a_release_past_the_budget_is_withheld_and_the_model_stays_the_last_released() -> None:
+    run_ = run_config(
+        **{"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0, "dp-max-epsilon": 12.0}
+    )
+    strategy = FedBuff(run_, FedBuffParams(), np.zeros(3, np.float32))
+    stage = CentralDP.for_run(run_)
+    assert stage is not None and stage.started(strategy) == ""
+    outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
+    verdicts = [stage.release_of(strategy, outcome, version) for version in range(1, 5)]
+    assert all(v.released for v in verdicts) and verdicts[-1].stop.startswith("privacy budget")
+    released = strategy.model.copy()
+    strategy.model = strategy.model + 1.0  # the rule's next, un-noised model
+    withheld = stage.release_of(strategy, outcome, 5)
+    assert not withheld.released and withheld.stop.startswith("privacy budget")
+    assert np.array_equal(strategy.model, released) and stage.releases == 4
+    assert stage.epsilon() is not None and stage.epsilon() <= 12
+
+
+# ---------------------------------------------------------------- nothing un-noised kept
+def model_sized(value: Any, size: int) -> list[np.ndarray]:
+    """Every array of `size` numbers anywhere in a checkpoint's state."""
+    if isinstance(value, np.ndarray):
+        return [value.ravel().astype(np.float64)] if value.size == size else []
+    if isinstance(value, dict):
+        return [a for item in value.values() for a in model_sized(item, size)]
+    if isinstance(value, (list, tuple)):
+        return [a for item in value for a in model_sized(item, size)]
+    if hasattr(value, "__dict__"):
+        return model_sized(vars(value), size)
+    return []
+
+
+def reveals_noise(released: np.ndarray, other: np.ndarray, direction: np.ndarray) -> bool:
+    """`released - other` is the release's noise (a multiple of its known direction) to
+    float32 rounding: `other` is the un-noised model."""
+    difference = released - other
+    if not np.any(difference):
+        return False
+    scale = float(difference @ direction / (direction @ direction))
+    return bool(np.linalg.norm(difference - scale * direction) < 1e-4 * np.linalg.norm(difference))
+
+
+@pytest.mark.parametrize(
+    "rule", [{"strategy": "fedpsa", "fedpsa-diagnostic": True}, {"strategy": "fedbuff"}]
+)
+def test_no_checkpoint_holds_a_model_from_which_a_release_noise_follows(
+    tmp_path: Path, rule: dict[str, Any]
+) -> None:
+    """With dp-noise-seed the noise of the checkpointed release is known up to its scale:
+    nothing model-sized in the checkpoint differs from the released model by it."""
+    seed = 3
+    noise = {**DP, **rule, "dp-noise-seed": seed, "checkpoint-every": 1, "max-versions": 3}
+    run(tmp_path, "noised", **noise)
+    saved = checkpoint.load(str(tmp_path / "noised"))
+    released = saved.strategy_state["model"].astype(np.float64)
+    direction = np.random.default_rng([seed, NOISE_STREAM, saved.version]).standard_normal(
+        released.size
+    )
+    assert reveals_noise(released, released - 0.5 * direction, direction)  # the check bites
+    others = model_sized(saved.engine_state, released.size)
+    others += model_sized(
+        {k: v for k, v in saved.strategy_state.items() if k != "model"}, released.size
+    )
+    if rule.get("fedpsa-diagnostic"):
+        assert others  # the diagnostic's history is there, and holds released models only
+    assert not any(reveals_noise(released, other, direction) for other in others)
+
+
+# ---------------------------------------------------------------- private by default
+def test_with_noise_values_outside_the_guarantee_are_left_out_unless_kept(tmp_path: Path) -> None:
+    noise = {**DP, "strategy": "fedpsa", "max-versions": 3}
+    summary, _ = run(tmp_path, "auto", **noise)
+    rows = [json.loads(r) for r in (tmp_path / "auto" / "updates.jsonl").read_text().splitlines()]
+    assert rows and all(
+        set(row) <= {"time", "version", "client", "task", "staleness", "late"} for row in rows
+    )
+    privacy = summary["privacy"]
+    assert privacy["updates_clipped"] is None and privacy["client_values"] == "omitted"
+    assert privacy["relation"] == "zero-out of one client's updates, public dispatch schedule"
+    kept, _ = run(tmp_path, "kept", **noise, **{"dp-client-values": "keep"})
+    rows = [json.loads(r) for r in (tmp_path / "kept" / "updates.jsonl").read_text().splitlines()]
+    assert all("kappa" in row and "weight" in row for row in rows)
+    assert kept["privacy"]["updates_clipped"] is not None
+    with pytest.raises(ConfigError, match="dp-client-values=auto leaves out"):
+        load_config({**noise, "eval-target": "per-client"})
+
+
+# ---------------------------------------------------------------- secure noise
+def test_secure_noise_is_standard_gaussian_and_never_repeats() -> None:
+    first, second = SecureGaussian(), SecureGaussian()
+    draws = first.normal(0.0, 2.0, 200_000)
+    assert np.std(draws) == pytest.approx(2.0, rel=0.01) and abs(np.mean(draws)) < 0.02
+    assert abs(float(np.mean((draws / 2.0) ** 4)) - 3.0) < 0.1  # Gaussian kurtosis
+    assert not np.allclose(first.normal(0, 1, 8), first.normal(0, 1, 8))
+    assert not np.allclose(first.normal(0, 1, 8), second.normal(0, 1, 8))
+    assert first.normal(0, 1, (3, 4)).shape == (3, 4)
+
+
+def test_a_run_with_secure_noise_says_so_and_the_choice_is_checked(tmp_path: Path) -> None:
+    summary, _ = run(tmp_path, "secure", **DP, **{"dp-secure-noise": True, "max-versions": 2})
+    assert summary["privacy"]["generator"].startswith("ChaCha20")
+    for values, message in (
+        ({"dp-secure-noise": True}, "dp-secure-noise draws noise"),
+        ({**DP, "dp-secure-noise": True, "dp-noise-seed": 1}, "choose one"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            load_config(values)
