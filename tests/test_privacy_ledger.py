@@ -217,6 +217,36 @@ def test_a_release_past_the_budget_is_withheld_and_the_model_stays_the_last_rele
 
 
 # ---------------------------------------------------------------- nothing un-noised kept
+@pytest.mark.parametrize(("z", "limit"), [(1.0, 20.0), (2.0, 8.0)])
+def test_the_pld_budget_stops_at_the_last_release_dp_accountings_pld_keeps_within(
+    z: float, limit: float
+) -> None:
+    """The PLD accountant's budget check (the analytic Gaussian to find the threshold, the
+    PLD to confirm it) stops where composing dp_accounting's PLD release by release does."""
+    import dp_accounting
+    from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
+
+    from fedstale.server_app.privacy.accounting import (
+        AccountingConfig,
+        GaussianRelease,
+        PldAccountant,
+    )
+
+    def direct(releases: int) -> float:
+        relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+        pld = PLDAccountant(relation, value_discretization_interval=1e-4)
+        pld.compose(dp_accounting.GaussianDpEvent(z), releases)
+        return float(pld.get_epsilon(1e-5))
+
+    ours = PldAccountant(AccountingConfig(1e-5, 10, limit))
+    release = GaussianRelease(z, 1, 10)
+    while not ours.would_exceed(release):
+        ours.compose(release)
+    made = ours.num_releases
+    assert direct(made) <= limit < direct(made + 1)
+    assert ours.get_epsilon(1e-5) == pytest.approx(direct(made), rel=1e-9)
+
+
 def model_sized(value: Any, size: int) -> list[np.ndarray]:
     """Every array of `size` numbers anywhere in a checkpoint's state."""
     if isinstance(value, np.ndarray):

@@ -83,6 +83,7 @@ class ProgressBar:
     """A rich bar over the run's nearest budget, with the version, updates and accuracy."""
 
     STEPS = 1000
+    REDRAW = 0.25  # seconds: rich redraws at 10 Hz; epsilon under PLD is not free
 
     def __init__(self) -> None:
         from rich.progress import (
@@ -105,12 +106,22 @@ class ProgressBar:
             transient=False,
         )
         self.task = self.bar.add_task("", total=self.STEPS, status="", start=True)
+        self.last = -math.inf
+        self.undrawn: Engine | None = None
         self.bar.start()
         # Log lines go above the bar: rich's stand-in for stderr while the bar is live.
         self.handlers = [h for h in log.handlers if isinstance(h, logging.StreamHandler)]
         self.streams = [h.setStream(sys.stderr) for h in self.handlers]
 
     def __call__(self, engine: Engine) -> None:
+        now = time.monotonic()
+        if now - self.last < self.REDRAW:
+            self.undrawn = engine
+            return
+        self.last, self.undrawn = now, None
+        self.draw(engine)
+
+    def draw(self, engine: Engine) -> None:
         counters = engine.counters
         status = (
             f"v={engine.version} updates={counters.accepted} rejected={counters.rejected} "
@@ -124,6 +135,8 @@ class ProgressBar:
         )
 
     def close(self) -> None:
+        if self.undrawn is not None:
+            self.draw(self.undrawn)
         self.bar.stop()
         for handler, stream in zip(self.handlers, self.streams, strict=True):
             handler.setStream(stream)
