@@ -4,7 +4,7 @@ with one (1) training run", NeurIPS 2023), with canary clients planted in real r
 FedBuff and FedAsync under central DP.
 
     python -m bench.privacy_audit [--canaries 1000] [--honest 500] [--seeds 3]
-        [--noise 0.5,2] [--rules fedbuff,fedasync] [--guesses 100] [--out DIR]
+        [--noise 0.5,1,2] [--rules fedbuff,fedasync] [--guesses 100] [--out DIR]
     python -m bench.privacy_audit --report --out DIR     # the table of the runs done
 
 The game. Of the run's clients, `--canaries` are canaries: each gets a random direction u_i
@@ -36,6 +36,8 @@ which the table shows between the two.
 
 Writes under --out (default runs/privacy-audit): results.jsonl (one row per rule, noise
 and seed; a cell already there is not run again), each run's folder, table.md.
+bench/results/privacy-audit.jsonl is the recorded results.jsonl of docs/privacy.md (about
+5 minutes on 2 cores: 18 runs of 1,500 clients).
 """
 
 from __future__ import annotations
@@ -322,7 +324,7 @@ def table(rows: list[dict[str, Any]]) -> str:
         cells[(row["rule"], row["z"])].append(row)
 
     def spread(values: list[float]) -> str:
-        if len(values) == 1:
+        if len(values) == 1 or min(values) == max(values):
             return f"{values[0]:.2f}"
         return f"{statistics.mean(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
@@ -348,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--honest", type=int, default=500)
     parser.add_argument("--participations", type=int, default=2, help="updates per client")
     parser.add_argument("--guesses", type=int, default=100, help="each way: in and out")
-    parser.add_argument("--noise", default="0.5,2")
+    parser.add_argument("--noise", default="0.5,1,2")
     parser.add_argument("--rules", default="fedbuff,fedasync")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--dataset", default="fmnist")

@@ -16,8 +16,11 @@ by the server), Gaussian noise of `noise_multiplier` times the release's sensiti
 every new global model. `num_sampled_clients` is Flower's "updates per release" and must
 match the rule's (a FedBuff buffer's K, 1 for FedAsync, the round's clients for FedAvg).
 `accountant`: Flower's accountant to compose every release into (no-amplification
-sampling, add-or-remove-one relation, `population_size` the number of clients); without
-one, the run still accounts at delta 1e-5 and reports the epsilon spent.
+sampling, its ADD_OR_REMOVE_ONE relation, which without sampling costs a Gaussian release
+what the zero-out of one client's updates fedstale implements costs; `population_size`
+the number of clients); releases it already holds are written to the run's privacy ledger
+first and count against `max_epsilon`. Without one, the run still accounts at delta 1e-5
+and reports the epsilon spent.
 """
 
 from __future__ import annotations
@@ -146,8 +149,8 @@ def check_arguments(
         )
     if problem == "neighboring_relation":
         raise ConfigError(
-            "the release sensitivities are for add-or-remove-one neighbours: make the "
-            "accountant's PrivacyConfig(neighboring_relation=ADD_OR_REMOVE_ONE)"
+            "fedstale accounts its Gaussian releases under Flower's add-or-remove-one relation: "
+            "make the accountant's PrivacyConfig(neighboring_relation=ADD_OR_REMOVE_ONE)"
         )
 
 

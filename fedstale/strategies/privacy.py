@@ -10,12 +10,13 @@ weights:
 
 - `linear_sensitivity`: sum_i w_i d_i with weights that do not depend on the deltas
   (FedBuff's eta/K * s(tau), SAFL FedSGD's 1/K, FedAsync's a_t, a plain mean's 1/m).
-  Neighbouring runs differ in one client's contributions, zeroed (add-or-remove-one client,
-  Flower's relation), and one client may hold several updates of a release (a fast client
-  cycling within a FedBuff buffer, `buffer-size` above the client count, `prefetch`, a late
-  reply): zeroing all of client j's deltas moves the sum by sum_{i of j} w_i d_i, at most
-  (sum_{i of j} |w_i|) C, so S = C max_j sum_{i of j} |w_i| (Flower's z C / m for a mean of
-  m clients, one update each).
+  Neighbouring runs differ in one client's contributions, zeroed under the same public
+  dispatch schedule (the zero-out relation of Kairouz et al. 2021), and one client may
+  hold several updates of a release (a fast client cycling within a FedBuff buffer,
+  `buffer-size` above the client count, `prefetch`, a late reply): zeroing all of client
+  j's deltas moves the sum by sum_{i of j} w_i d_i, at most (sum_{i of j} |w_i|) C, so
+  S = C max_j sum_{i of j} |w_i| (Flower's z C / m for a mean of m clients, one update
+  each).
 - `convex_sensitivity`: sum_i w_i d_i whose weights themselves come from the clients'
   data (FedPSA's softmax over sketch distances) but form a convex combination scaled by
   `scale` (w_i >= 0, sum w_i = scale): both sums lie in the ball of radius scale * C, so
