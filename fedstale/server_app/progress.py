@@ -41,7 +41,7 @@ def latest_score(engine: Engine) -> str:
 
 def spent(engine: Engine) -> str:
     """` eps=1.23` under DP with noise, else ""."""
-    epsilon = engine.privacy.epsilon() if engine.privacy is not None else None
+    epsilon = engine.privacy.epsilon()
     return "" if epsilon is None else f" eps={epsilon:.3g}"
 
 
