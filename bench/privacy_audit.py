@@ -49,7 +49,6 @@ import math
 import statistics
 import sys
 from collections import defaultdict
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -125,39 +124,24 @@ class Canaries:
         return cls(count, directions, rng.random(count) < 0.5, norm)
 
     def delta_of(self, client: int) -> np.ndarray:
-        return (
-            self.norm * self.directions[client]
-            if self.inside[client]
-            else 0 * self.directions[client]
-        )
-
-
-def flat(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
-    return np.concatenate([np.ravel(a) for a in arrays.values()]).astype(np.float64)
-
-
-def unflat(vector: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    out, at = {}, 0
-    for name, array in like.items():
-        out[name] = vector[at : at + array.size].reshape(array.shape).astype(array.dtype)
-        at += array.size
-    return out
+        return self.norm * self.inside[client] * self.directions[client]
 
 
 class CanaryTransport(InProcessTransport):
     """The in-process transport with clients 0 .. m-1 replaced by canaries; it keeps every
     model a task carried (what the clients saw)."""
 
-    def __init__(self, run: Any, canaries: Canaries) -> None:
-        from fedstale.client_app.task import evaluate_task, train_task
+    def __init__(self, run: Any, count: int, seed: int) -> None:
+        from fedstale.client_app.task import client_model, evaluate_task, train_task
 
         super().__init__(run, train_task, evaluate_task)
-        self.canaries = canaries
+        _, self.layout = client_model(run)
+        self.canaries = Canaries.drawn(count, self.layout.total, CLIPPING_NORM, seed)
 
     def train(
         self, msg_id: str, partition: int, config: dict, arrays: dict, sets: ArraySets | None
     ) -> None:
-        canaries, start = self.canaries, flat(arrays)
+        canaries, start = self.canaries, self.layout.flatten(arrays).astype(np.float64)
         version = int(config[TaskKeys.VERSION])
         canaries.models.setdefault(version, start)
         canaries.tasks[int(config[TaskKeys.TASK_ID])] = (partition, version)
@@ -168,7 +152,7 @@ class CanaryTransport(InProcessTransport):
         reply = self.replies[msg_id]
         delta = canaries.delta_of(partition)
         vector = start + delta if canaries.returns == RETURN_MODEL else delta
-        reply.arrays = unflat(vector, reply.arrays)
+        reply.arrays = self.layout.unflatten(vector.astype(np.float32))
 
 
 # ---------------------------------------------------------------- the auditor
@@ -279,12 +263,10 @@ def audit(cell: Cell, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
         "run-name": cell.name,
     }
     run, params = load_config(values)
-    probe = flat_size(run)
-    canaries = Canaries.drawn(args.canaries, probe, CLIPPING_NORM, cell.seed)
-    summary = run_experiment(run, params, CanaryTransport(run, canaries))
-    rows = [
-        json.loads(line) for line in (runs / cell.name / "updates.jsonl").read_text().splitlines()
-    ]
+    transport = CanaryTransport(run, args.canaries, cell.seed)
+    summary = run_experiment(run, params, transport)
+    canaries = transport.canaries
+    rows = jsonl(runs / cell.name / "updates.jsonl")
     total, mu2 = scores(releases_of(rows, canaries), canaries, cell.noise)
     made, right = guessed(total, canaries.inside, args.guesses)
     delta = run.dp_target_delta
@@ -306,13 +288,6 @@ def audit(cell: Cell, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
 
 def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def flat_size(run: Any) -> int:
-    from fedstale.client_app.task import client_model
-
-    _, layout = client_model(run)
-    return int(sum(int(np.prod(shape)) for shape in layout.shapes))
 
 
 # ---------------------------------------------------------------- the table
