@@ -1,0 +1,129 @@
+"""Secure aggregation's plain-array parts (fedstale/common/secagg/): quantisation into the
+field with its error bound, the mask code (Lagrange encoding, recovery from any U shares of
+any weighted sum, privacy of any T shares), and sealed shares."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from fedstale.common.secagg.coding import MaskCode, lagrange
+from fedstale.common.secagg.field import (
+    PRIME,
+    Quantiser,
+    add,
+    in_field,
+    random_elements,
+    subtract,
+    weighted_sum,
+)
+from fedstale.common.secagg.sealing import (
+    Unsealable,
+    context,
+    new_private_key,
+    public_key,
+    seal,
+    unseal,
+)
+
+
+def test_quantising_clips_to_the_range_rounds_to_the_precision_and_wraps_negatives() -> None:
+    """R = 1, f = 2: 0.5 -> 2, -0.25 -> -1 = p - 1, 2.0 -> clipped to 1 -> 4, 0.3 -> 1.2 -> 1."""
+    quantiser = Quantiser(clip_range=1.0, precision_bits=2, weight_bits=3)
+    assert quantiser.quantise(np.array([0.5, -0.25, 2.0, 0.3])).tolist() == [2, PRIME - 1, 4, 1]
+    # weights 0.5 and 0.25: s = 0.5, W = (8, 4); 8 * 2 + 4 * (-1) = 12 at scale 2^5 / 0.5
+    units, top = quantiser.weight_units([0.5, 0.25])
+    assert (units, top) == ([8, 4], 0.5)
+    total = weighted_sum([np.array([2], np.uint64), np.array([PRIME - 1], np.uint64)], units)
+    assert quantiser.decode(total, top).tolist() == [12 * 0.5 / 32]  # 0.5 * 0.5 - 0.25 * 0.25
+
+
+def test_a_weighted_sum_decodes_within_its_stated_error_bound() -> None:
+    quantiser = Quantiser()
+    rng = np.random.default_rng(3)
+    deltas = [rng.uniform(-1, 1, 500) for _ in range(10)]
+    weights = [0.1 * (1 + tau) ** -0.5 for tau in range(10)]
+    units, top = quantiser.weight_units(weights)
+    total = weighted_sum([quantiser.quantise(d) for d in deltas], units)
+    exact = sum(w * d for w, d in zip(weights, deltas, strict=True))
+    error = np.max(np.abs(quantiser.decode(total, top) - exact))
+    assert 0 < error <= quantiser.error_bound(weights) < 1e-4
+    assert quantiser.fits(10) and not quantiser.fits(40)  # 40 * 2^26 passes p / 2
+
+
+def test_lagrange_basis_worked_by_hand_in_f13() -> None:
+    """Points 1, 2 at 3 in F_13: l_1(3) = (3-2)/(1-2) = -1 = 12, l_2(3) = (3-1)/(2-1) = 2."""
+    assert lagrange([3], [1, 2], 13).tolist() == [[12, 2]]
+
+
+def test_any_u_shares_of_a_weighted_buffer_give_its_mask() -> None:
+    code = MaskCode(holders=6, privacy=2, recovery=4, length=11)
+    masks = [random_elements(11) for _ in range(3)]
+    shares = [code.encode(mask) for mask in masks]
+    factors = [5, PRIME - 3, 1]  # any integers, negative ones included
+    buffer_mask = weighted_sum(masks, factors)
+    combined = weighted_sum(shares, factors)  # each holder combines its own shares
+    for holders in itertools.combinations(range(6), 4):
+        assert np.array_equal(code.decode(list(holders), combined[list(holders)]), buffer_mask)
+    with pytest.raises(ValueError, match="4 distinct holders"):
+        code.decode([0, 1, 2], combined[[0, 1, 2]])
+
+
+def test_any_t_shares_are_hidden_by_the_noise_pieces() -> None:
+    """Privacy against T holders: for every set of T holders, the code restricted to the T
+    noise pieces is invertible, so those T shares are uniform whatever the mask is."""
+    code = MaskCode(holders=7, privacy=3, recovery=5, length=20)
+    noise_columns = code.encoder[:, code.pieces :]
+    for holders in itertools.combinations(range(7), 3):
+        assert rank_mod(noise_columns[list(holders)], PRIME) == 3
+    mask = random_elements(20)
+    first, second = code.encode(mask), code.encode(mask)
+    assert all(not np.array_equal(a, b) for a, b in zip(first, second, strict=True))  # fresh noise
+
+
+def rank_mod(matrix: np.ndarray, prime: int) -> int:
+    rows = [[int(v) % prime for v in row] for row in matrix]
+    rank, width = 0, len(rows[0])
+    for column in range(width):
+        pivot = next((r for r in range(rank, len(rows)) if rows[r][column]), None)
+        if pivot is None:
+            continue
+        rows[rank], rows[pivot] = rows[pivot], rows[rank]
+        scale = pow(rows[rank][column], prime - 2, prime)
+        rows[rank] = [v * scale % prime for v in rows[rank]]
+        for r in range(len(rows)):
+            if r != rank and rows[r][column]:
+                factor = rows[r][column]
+                rows[r] = [
+                    (a - factor * b) % prime for a, b in zip(rows[r], rows[rank], strict=True)
+                ]
+        rank += 1
+    return rank
+
+
+def test_masking_then_unmasking_gives_the_quantised_update_back() -> None:
+    update = Quantiser().quantise(np.linspace(-1, 1, 9))
+    mask = random_elements(9)
+    masked = add(update, mask)
+    assert in_field(masked) and not np.array_equal(masked, update)
+    assert np.array_equal(subtract(masked, mask), update)
+    assert not in_field(np.array([PRIME], np.uint64)) and not in_field(np.zeros(2, np.int64))
+
+
+def test_a_sealed_share_opens_only_for_its_holder_its_update_and_unaltered() -> None:
+    sender, holder, other = new_private_key(), new_private_key(), new_private_key()
+    share = random_elements(8)
+    bound = context(update=7, sender=0, holder=1)
+    sealed = seal(share, sender, public_key(holder), bound)
+    assert np.array_equal(unseal(sealed, holder, public_key(sender), bound), share)
+    tampered = sealed.copy()
+    tampered[-1] ^= 1
+    for private, sealed_share, bound_to in (
+        (other, sealed, bound),  # not its holder
+        (holder, sealed, context(update=8, sender=0, holder=1)),  # replayed for another update
+        (holder, tampered, bound),  # altered on the way
+    ):
+        with pytest.raises(Unsealable):
+            unseal(sealed_share, private, public_key(sender), bound_to)
