@@ -15,6 +15,7 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message
 from flwr.clientapp import ClientApp
 
+from fedstale.client_app.secagg import secagg_mod
 from fedstale.client_app.task import evaluate_task, train_cohort, train_task
 from fedstale.common.config import RunConfig, parse_run_config
 from fedstale.common.records import (
@@ -105,7 +106,7 @@ def kept_state(context: Context) -> dict[str, np.ndarray]:
     return from_array_record(record) if isinstance(record, ArrayRecord) else {}
 
 
-@app.train()
+@app.train(mods=[secagg_mod()])  # passes every task through unless the run masks updates
 def train(msg: Message, context: Context) -> Message:
     cfg = run_config(context)
     arrays = from_array_record(msg.content[ARRAYS])

@@ -199,6 +199,15 @@ class RunConfig(KebabModel):
     dp_client_values: Literal["auto", "keep", "omit"] = "auto"
     dp_secure_noise: bool = False
 
+    secure_aggregation: bool = False
+    secagg_privacy: int = Field(-1, ge=-1)  # T; -1: a third of the holders
+    secagg_recovery: int = Field(0, ge=0)  # U; 0: all but a third of the holders
+    secagg_clip_range: float = Field(0.0, ge=0)  # 0: dp-clipping-norm, else 1
+    secagg_precision_bits: int = Field(16, ge=1, le=24)
+    secagg_weight_bits: int = Field(10, ge=1, le=20)
+    secagg_min_clients: int = Field(2, ge=2)
+    secagg_timeout: float = Field(60.0, gt=0)
+
     clock: Literal["virtual", "wall"] = "virtual"
     latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
     latency_min: float = Field(10.0, gt=0)
@@ -250,6 +259,11 @@ class RunConfig(KebabModel):
         """Central DP's clipping is on (`dp-clipping-norm` > 0); noise too when
         `dp-noise-multiplier` > 0."""
         return self.dp_clipping_norm > 0
+
+    @property
+    def secagg_range(self) -> float:
+        """R, the range each coordinate of a masked delta is clipped to."""
+        return self.secagg_clip_range or self.dp_clipping_norm or 1.0
 
     @property
     def faults(self) -> dict[int, str]:
@@ -361,6 +375,7 @@ def _check_consistency(cfg: RunConfig) -> None:
             "set client-val-fraction above 0 (PACE's protocol: 0.25)"
         )
     _check_privacy(cfg)
+    _check_secure(cfg)
     if cfg.prefetch and cfg.clock != "wall":
         raise ValueError("prefetch queues tasks on real nodes; it needs clock=wall")
     budgets = (
@@ -402,6 +417,23 @@ def _check_privacy(cfg: RunConfig) -> None:
         )
     if cfg.dp_noise_seed >= 0 and cfg.dp_noise_multiplier <= 0:
         raise ValueError("dp-noise-seed seeds noise: set dp-noise-multiplier > 0, or drop it")
+
+
+def _check_secure(cfg: RunConfig) -> None:
+    if not cfg.secure_aggregation:
+        return
+    if cfg.clips and cfg.dp_clipping == "server":
+        raise ValueError(
+            "secure-aggregation hides each update from the server, which cannot clip it: "
+            "use dp-clipping=client (the ClientApp clips, e.g. Flower's fixedclipping_mod)"
+        )
+    if 0 < cfg.secagg_recovery <= cfg.secagg_privacy:
+        raise ValueError(
+            f"secagg-recovery {cfg.secagg_recovery} must exceed secagg-privacy "
+            f"{cfg.secagg_privacy}: U holders recover a buffer, T learn nothing"
+        )
+    if cfg.trainer == "cohort":
+        raise ValueError("secure-aggregation masks each task's reply: use trainer=auto")
 
 
 def _check_task(cfg: RunConfig) -> None:

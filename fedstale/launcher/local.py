@@ -4,19 +4,27 @@ server_app never imports client_app."""
 
 from __future__ import annotations
 
+from functools import partial
+
+from fedstale.client_app.secagg import TrainFn, secure_train
 from fedstale.client_app.task import evaluate_task, train_cohorts, train_task
 from fedstale.common.config import RunConfig
 from fedstale.launcher.inprocess import CohortPool, CohortTransport, InProcessTransport
 from fedstale.launcher.pool import PooledTransport
 
 
+def trainer_for(run: RunConfig) -> TrainFn:
+    """fedstale's train function, behind secure aggregation's client half when it is on."""
+    return partial(secure_train, train_task) if run.secure_aggregation else train_task
+
+
 def local_transport(run: RunConfig) -> InProcessTransport:
-    return InProcessTransport(run, train_task, evaluate_task)
+    return InProcessTransport(run, trainer_for(run), evaluate_task)
 
 
 def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
     """Clients trained in `workers` processes; close it (or use `with`) when the run ends."""
-    return PooledTransport(run, train_task, evaluate_task, workers)
+    return PooledTransport(run, trainer_for(run), evaluate_task, workers)
 
 
 def cohort_pool() -> CohortPool:

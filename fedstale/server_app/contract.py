@@ -21,6 +21,7 @@ import numpy as np
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import (
     RETURN_DELTA,
+    RETURN_MODEL,
     InvalidReply,
     ReplyKeys,
     TaskKeys,
@@ -61,6 +62,10 @@ class Contract(Protocol):
         """The task ended (answered, lost or superseded)."""
         ...
 
+    def replies_carry(self, returns: str) -> str:
+        """What a reply's main arrays hold on the wire when the rule `returns` this."""
+        ...
+
 
 class FedstaleContract:
     """fedstale's own ClientApp: the task config in full, replies checked by `validated`."""
@@ -85,6 +90,9 @@ class FedstaleContract:
 
     def forget(self, task_id: int) -> None:
         pass
+
+    def replies_carry(self, returns: str) -> str:
+        return returns
 
 
 # TaskSpec field -> its task-config key: a rule's per-task settings (FedQS's lr, MAFSA's
@@ -129,6 +137,9 @@ class FlowerContract:
 
     def forget(self, task_id: int) -> None:
         self.starts.pop(task_id, None)
+
+    def replies_carry(self, returns: str) -> str:
+        return RETURN_MODEL  # a Flower ClientApp replies with its trained model
 
     def update(
         self,

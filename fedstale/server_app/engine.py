@@ -36,6 +36,12 @@ from fedstale.server_app.nodes import NodeBook, Nodes
 from fedstale.server_app.privacy.stage import NoPrivacy, PrivacyStage
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
+from fedstale.server_app.secure import (
+    Request,
+    SecureAggregationError,
+    SecureStage,
+    secure_stage,
+)
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import (
@@ -112,6 +118,7 @@ class Engine:
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
         self.privacy: PrivacyStage = privacy or NoPrivacy()
+        self.secure: SecureStage = secure_stage(run, layout)
         self.first_update_time: float | None = None  # Unix time of the first accepted update
         self.first_update_at: float | None = None  # and its monotonic time
 
@@ -233,9 +240,12 @@ class Engine:
         spec = self.task_spec(task_id, assignment)
         models = {name: self.layout.unflatten(v) for name, v in assignment.models.items()}
         main = self.contract.outgoing(models.pop(ARRAYS))
-        config = self.contract.task_config(spec, assignment)
+        carries = self.contract.replies_carry(self.strategy.returns)
+        secure_config, secure_sets = self.secure.task_parts(task_id, client, carries)
+        config = {**self.contract.task_config(spec, assignment), **secure_config}
+        sets = {**models, **secure_sets}
         try:
-            msg_id = self.transport.send(node, MSG_TRAIN, config, main, models or None)
+            msg_id = self.transport.send(node, MSG_TRAIN, config, main, sets or None)
         except SendRefused as err:
             log.warning(
                 "node %d (client %d) left: %s; it gets no work until it returns", node, client, err
@@ -244,6 +254,7 @@ class Engine:
             return
         self.next_task_id += 1
         self.contract.sent(task_id, assignment.models[ARRAYS])
+        self.secure.sent(task_id, assignment.models[ARRAYS], carries)
         latency = self.latency.task_latency(client, task_id, spec)
         timeout = self.run.task_timeout
         self.book.add(
@@ -359,7 +370,8 @@ class Engine:
         `on_reject`)."""
         try:
             arrival = Arrival(task, self.version, self.counters.accepted, self.book.answered)
-            update = self.contract.update(arrival, reply, self.strategy, self.layout)
+            seen = self.secure.take(task.task_id, task.client, reply)
+            update = self.contract.update(arrival, seen, self.strategy, self.layout)
             return self.privacy.clip(update, task.start)
         except InvalidReply as err:
             self.reject(task, err)
@@ -367,6 +379,7 @@ class Engine:
             return None
         finally:
             self.contract.forget(task.task_id)
+            self.secure.forget(task.task_id)
 
     def accept(self, task: Task, reply: Reply, update: Update) -> None:
         self.scores.take(task, reply.metrics, self.clock.now())
@@ -420,7 +433,7 @@ class Engine:
     def apply(self, outcome: Outcome) -> None:
         """Bump the version, record the weights, supersede and replace, checkpoint."""
         released = False
-        if outcome.changed:
+        if outcome.changed and self.secure.unmask(self.strategy, outcome, self.exchange):
             verdict = self.privacy.release_of(self.strategy, outcome, self.version + 1)
             self.stop_reason = verdict.stop or self.stop_reason
             released = verdict.released
@@ -437,6 +450,30 @@ class Engine:
         every = self.run.checkpoint_every
         if released and every and self.version % every == 0 and self.checkpointer:
             self.checkpointer(self)
+
+    def exchange(self, requests: list[Request], needed: int) -> list[tuple[int, Reply]]:
+        """Messages of a stage's own protocol (secure aggregation's keys and shares): sent
+        at once, their replies gathered until `needed` came without an error, every one
+        came, or `secagg-timeout` passed. Each reply with the client it came from."""
+        sent: dict[str, int] = {}
+        for client, config, sets in requests:
+            node = self.nodes.node_of.get(client)
+            if node is None:
+                continue
+            try:
+                sent[self.transport.send(node, MSG_TRAIN, config, {}, sets or None)] = client
+            except SendRefused:
+                continue
+        replies: list[tuple[int, Reply]] = []
+        deadline = time.monotonic() + self.run.secagg_timeout
+        while sent and time.monotonic() < deadline:
+            for reply in self.transport.receive(list(sent)):
+                replies.append((sent.pop(reply.msg_id), reply))
+            if sum(r.error_code is None for _, r in replies) >= needed:
+                break
+            if sent:
+                self.transport.wait(self.run.poll_interval)
+        return replies
 
     def dispatch_now(self, assignments: list[Assignment]) -> None:
         """The replacements an outcome names, sent at once to clients that are idle now."""
@@ -591,6 +628,10 @@ class Engine:
 
     def begin(self) -> None:
         self.wait_for_clients()
+        try:
+            self.secure.started(self.exchange, self.nodes.clients)
+        except SecureAggregationError as err:
+            raise EngineError(str(err)) from None
         self.loop_started = time.monotonic()
         if self.scores.by_message:  # the first train replies score the initial models
             self.fill()

@@ -178,6 +178,7 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
     try:
         check_labels(rule, run)
         check_privacy(rule, run)
+        check_secure(rule, run)
         rule.strategy.check(run, params)
     except ValueError as err:
         raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
@@ -243,6 +244,41 @@ def check_privacy(rule: Rule, run: RunConfig) -> None:
         raise ValueError(
             f"strategy {rule.name} cannot take differential privacy: {why}; "
             f"the rules that can: {able}"
+        )
+
+
+def check_secure(rule: Rule, run: RunConfig) -> None:
+    """Secure aggregation needs a release that is a weighted sum of at least two updates'
+    deltas with public weights (`Release(LINEAR)`, as central DP declares it), whose sum
+    the field holds."""
+    if not run.secure_aggregation:
+        return
+    from fedstale.common.secagg.field import Quantiser
+    from fedstale.strategies.privacy import LINEAR
+
+    able = ", ".join(
+        name
+        for name, r in declarations().items()
+        if r.dp is not None and r.dp.kind == LINEAR and r.dp.per_release(run) > 1
+    )
+    if rule.dp is None or rule.dp.kind != LINEAR:
+        why = "its release is not declared a weighted sum of deltas with public weights"
+        raise ValueError(
+            f"strategy {rule.name} cannot take secure aggregation: {why}; the rules that "
+            f"can: {able}"
+        )
+    updates = rule.dp.per_release(run)
+    if updates < 2:
+        raise ValueError(
+            f"strategy {rule.name} releases every update alone, so its release would show "
+            f"that update: secure aggregation needs two or more; the rules that can: {able}"
+        )
+    quantiser = Quantiser(run.secagg_range, run.secagg_precision_bits, run.secagg_weight_bits)
+    if not quantiser.fits(updates):
+        raise ValueError(
+            f"a weighted sum of {updates} updates within +-{run.secagg_range:g} at "
+            f"secagg-precision-bits {run.secagg_precision_bits} and secagg-weight-bits "
+            f"{run.secagg_weight_bits} overflows the field (2^32): lower either"
         )
 
 
