@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time, __getattr_
     from fedstale.client_app.mods import fedpsa_mod as fedpsa_mod
     from fedstale.client_app.mods import fedqs_mod as fedqs_mod
     from fedstale.client_app.mods import mafsa_mod as mafsa_mod
+    from fedstale.client_app.secagg import secagg_mod as secagg_mod
     from fedstale.common.config import ConfigError as ConfigError
     from fedstale.server_app.engine import EngineError as EngineError
     from fedstale.server_app.flower_privacy import (
@@ -47,6 +48,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time, __getattr_
 LIBRARY = "fedstale.server_app.library_classes"
 BASE = "fedstale.server_app.flower_strategy"
 PRIVACY = "fedstale.server_app.flower_privacy"
+SECURE = {"secagg_mod": "fedstale.client_app.secagg"}  # secure aggregation's client half
 ERRORS = {
     "ConfigError": "fedstale.common.config",  # a ValueError: a setting or key is wrong
     "EngineError": "fedstale.server_app.engine",  # a RuntimeError: the run cannot go on
@@ -59,8 +61,8 @@ DP_WRAPPERS = (
 
 def exports() -> dict[str, str]:
     """Exported name -> the module holding it: the library's base class, a class per
-    rule declared with a library name, each declared client half's Flower mod, and the
-    central-DP wrappers with Flower's names."""
+    rule declared with a library name, each declared client half's Flower mod, the
+    central-DP wrappers with Flower's names and secure aggregation's mod."""
     from fedstale.strategies.registry import declarations
 
     found = {}
@@ -69,7 +71,8 @@ def exports() -> dict[str, str]:
             found[rule.library] = LIBRARY
         found.update(rule.mods)
     # fedstale's own names last: no rule can stand in for them
-    return {**found, "AsyncStrategy": BASE, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **ERRORS}
+    own = {"AsyncStrategy": BASE, **dict.fromkeys(DP_WRAPPERS, PRIVACY), **SECURE, **ERRORS}
+    return {**found, **own}
 
 
 def __getattr__(name: str) -> Any:
