@@ -1,0 +1,270 @@
+"""Secure aggregation in real runs (`--local`, fedstale's own door): every release equals the
+plain weighted sum of its updates within the stated quantisation bound; the server's view
+holds no update in the clear; holders give each share once and never for one client alone;
+a buffer survives holders that die while U answer, is dropped below U with one line; bad
+replies are rejected and the run goes on; the rules that cannot take it are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from fedstale.client_app import secagg as client_half
+from fedstale.client_app.task import evaluate_task
+from fedstale.common.config import ConfigError
+from fedstale.common.schema import MSG_TRAIN, TaskKeys
+from fedstale.common.secagg import protocol as wire
+from fedstale.common.secagg.coding import MaskCode
+from fedstale.common.secagg.field import Quantiser
+from fedstale.launcher.inprocess import InProcessTransport
+from fedstale.launcher.local import trainer_for
+from fedstale.server_app.experiment import run_experiment
+from fedstale.server_app.secure import SecureAggregation
+from fedstale.strategies.registry import load_config
+
+BASE = {
+    "dataset": "digits",
+    "model": "mlp",
+    "strategy": "fedbuff",
+    "num-clients": 6,
+    "concurrency": 3,
+    "buffer-size": 3,
+    "max-virtual-time": 0.0,
+    "eval-interval": 1e9,
+    "checkpoint-every": 0,
+    "secagg-timeout": 2.0,
+}
+SECURE = {"secure-aggregation": True}
+
+
+class Watched(InProcessTransport):
+    """fedstale's in-process clients; keeps each task's true delta (before masking), what
+    the server received, and leaves the holders in `silent` mute on unmask messages."""
+
+    def __init__(
+        self, run: Any, silent: frozenset[int] = frozenset(), corrupt: bool = False
+    ) -> None:
+        super().__init__(run, self.capture(trainer_for(run)), evaluate_task)
+        self.deltas: dict[int, np.ndarray] = {}
+        self.received: list[Any] = []
+        self.silent, self.corrupt = silent, corrupt
+
+    def capture(self, train: Any) -> Any:
+        def trained(cfg, partition, config, arrays, sets=None, state=None):  # type: ignore[no-untyped-def]
+            stage = config.get(wire.STAGE)
+            if stage != wire.MASK:
+                return train(cfg, partition, config, arrays, sets, state)
+            from fedstale.client_app.task import train_task
+
+            def plain(*args: Any) -> Any:
+                metrics, result, outputs = train_task(*args)
+                names = list(arrays)
+                self.deltas[int(config[TaskKeys.TASK_ID])] = client_half.flat(result, names)
+                return metrics, result, outputs
+
+            return client_half.secure_train(plain, cfg, partition, config, arrays, sets, state)
+
+        return trained
+
+    def send(self, node_id, message_type, config, arrays=None, sets=None):  # type: ignore[no-untyped-def]
+        client = node_id - 1000
+        unmask = message_type == MSG_TRAIN and config.get(wire.STAGE) == wire.UNMASK
+        if unmask and client in self.silent:
+            self.count += 1
+            return f"silent-{self.count}"  # a holder that died: no reply ever comes
+        return super().send(node_id, message_type, config, arrays, sets)
+
+    def receive(self, msg_ids):  # type: ignore[no-untyped-def]
+        replies = super().receive(msg_ids)
+        for reply in replies:
+            parts = reply.sets.get(wire.SET, {})
+            if wire.MASKED in parts and self.corrupt:
+                parts[wire.MASKED] = parts[wire.MASKED][:-1]  # one element short
+                self.corrupt = False
+            self.received.append(reply)
+        return replies
+
+
+def secure_run(tmp_path: Path, name: str, **values: Any) -> tuple[dict, Watched]:
+    folder = {"runs-dir": str(tmp_path), "run-name": name}
+    run, params = load_config({**BASE, **SECURE, **folder, **values})
+    watched = Watched(run)
+    return run_experiment(run, params, watched), watched
+
+
+def model_of(folder: Path) -> np.ndarray:
+    state = torch.load(folder / "model.pt")
+    return np.concatenate([t.numpy().ravel() for t in state.values()]).astype(np.float64)
+
+
+def test_every_release_is_the_plain_weighted_sum_within_the_stated_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked: list[tuple[float, float]] = []
+    unmask = SecureAggregation.unmask
+    values = {"runs-dir": str(tmp_path), "run-name": "s", "max-versions": 5}
+    run, params = load_config({**BASE, **SECURE, **values})
+    watched = Watched(run)
+
+    def checking(self: SecureAggregation, strategy: Any, outcome: Any, exchange: Any) -> bool:
+        before = strategy.model.astype(np.float64)
+        done = unmask(self, strategy, outcome, exchange)
+        weights = [float(r["weight"]) for r in outcome.records]
+        deltas = [np.clip(watched.deltas[int(r["task"])], -1, 1) for r in outcome.records]
+        plain = sum(w * d for w, d in zip(weights, deltas, strict=True))
+        moved = strategy.model.astype(np.float64) - before
+        # float32 rounding of the model itself, beside the quantisation bound
+        slack = np.abs(strategy.model).max() * 2.0**-23
+        checked.append(
+            (float(np.max(np.abs(moved - plain))), self.quantiser.error_bound(weights) + slack)
+        )
+        return done
+
+    monkeypatch.setattr(SecureAggregation, "unmask", checking)
+    summary = run_experiment(run, params, watched)
+    assert summary["versions"] == 5
+    assert checked and all(error <= bound for error, bound in checked)
+    assert all(error > 0 for error, _ in checked)  # the sum went through the field
+
+
+def test_the_first_release_equals_the_plain_runs_within_the_bound(tmp_path: Path) -> None:
+    one = {"max-versions": 1}
+    plain_run, params = load_config({**BASE, **one, "runs-dir": str(tmp_path), "run-name": "plain"})
+    run_experiment(plain_run, params, Watched(plain_run))
+    summary, _ = secure_run(tmp_path, "secure", **one)
+    bound = summary["secure_aggregation"]["error_bound_max"]
+    difference = np.abs(model_of(tmp_path / "secure") - model_of(tmp_path / "plain"))
+    assert 0 < difference.max() <= bound + 1e-6  # float32 model
+    assert summary["secure_aggregation"]["buffers"] == 1
+
+
+def test_the_server_never_sees_an_update_in_the_clear(tmp_path: Path) -> None:
+    _, watched = secure_run(tmp_path, "view", **{"max-versions": 4})
+    quantiser = Quantiser()
+    masked = [
+        r.sets[wire.SET][wire.MASKED]
+        for r in watched.received
+        if wire.MASKED in r.sets.get(wire.SET, {})
+    ]
+    assert len(masked) >= 12
+    for vector in masked:
+        as_update = quantiser.decode(vector, 1.0)  # read as if it were not masked
+        for delta in watched.deltas.values():
+            correlation = np.corrcoef(as_update, np.clip(delta, -1, 1))[0, 1]
+            assert abs(correlation) < 0.1
+    assert not any(r.arrays for r in watched.received if wire.MASKED in r.sets.get(wire.SET, {}))
+
+
+def test_holders_give_each_share_once_and_never_for_one_client_alone() -> None:
+    """The server, following the protocol, asks the holders for every subset it can: one
+    update alone is refused (fewer than secagg-min-clients clients), and any set naming an
+    update already unmasked is refused; so the only sums it ever learns are of disjoint
+    buffers of two or more clients."""
+    code = MaskCode(holders=4, privacy=1, recovery=3, length=10)
+    holders = [{} for _ in range(4)]
+    keys = [client_half.own_key(state) for state in holders]
+    clients = [{} for _ in range(3)]
+    config = {
+        wire.HOLDERS: 4,
+        wire.PRIVACY: 1,
+        wire.RECOVERY: 3,
+        wire.LENGTH: 10,
+        wire.CLIP_RANGE: 1.0,
+        wire.PRECISION_BITS: 16,
+        wire.WEIGHT_BITS: 10,
+    }
+    keyset = {wire.key_name(j): key for j, key in enumerate(keys)}
+    sent = [
+        client_half.masked_parts(
+            {**config, wire.UPDATE: u, wire.SENDER: u}, np.full(10, 0.1 * u), keyset, clients[u]
+        )
+        for u in range(3)
+    ]
+
+    def ask(holder: int, updates: list[int]) -> dict:
+        parts = {}
+        for u in updates:
+            parts[wire.update_share_name(u)] = sent[u][wire.share_name(holder)]
+            parts[wire.update_key_name(u)] = sent[u][wire.PUBLIC_KEY]
+        request = {
+            **config,
+            wire.HOLDER: holder,
+            wire.UPDATES: updates,
+            wire.SENDERS: updates,
+            wire.FACTORS: [1] * len(updates),
+            wire.MIN_CLIENTS: 2,
+        }
+        return client_half.aggregate_parts(request, parts, holders[holder])
+
+    for u in range(3):  # one update alone: refused by every holder
+        for j in range(4):
+            with pytest.raises(client_half.Refused, match="fewer than secagg-min-clients"):
+                ask(j, [u])
+    answers = {j: ask(j, [0, 1])[wire.AGGREGATE] for j in range(3)}
+    mask = code.decode([0, 1, 2], np.stack([answers[j] for j in range(3)]))
+    assert mask.shape == (10,)
+    for j in range(3):  # update 0 or 1 again, in any company: refused
+        for again in ([0, 2], [1, 2], [0, 1]):
+            with pytest.raises(client_half.Refused, match="asked again"):
+                ask(j, again)
+    # holder 3 never answered: alone it cannot give the server a second, different sum
+    lone = ask(3, [0, 2])[wire.AGGREGATE]
+    with pytest.raises(ValueError, match="3 distinct holders"):
+        code.decode([3], lone[None, :])
+
+
+def test_a_buffer_survives_holders_that_die_while_u_answer(tmp_path: Path) -> None:
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "dead", "max-versions": 3}
+    )
+    summary = run_experiment(run, params, Watched(run, silent=frozenset({0, 5})))
+    secure = summary["secure_aggregation"]
+    assert summary["versions"] == 3
+    assert (secure["holders"], secure["recovery_threshold"]) == (6, 4)
+    assert secure["buffers_dropped"] == 0
+
+
+def test_below_u_a_buffer_is_dropped_with_one_line_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "few", "max-updates": 9}
+    )
+    summary = run_experiment(run, params, Watched(run, silent=frozenset({0, 1, 5})))
+    secure = summary["secure_aggregation"]
+    assert summary["updates_accepted"] == 9 and summary["versions"] == 0
+    assert secure["buffers_dropped"] == secure["buffers"] == 3
+    assert "buffer of 3 updates dropped: 3 of the 6 holders answered, 4 needed" in caplog.text
+
+
+def test_a_malformed_masked_update_is_rejected_and_the_run_goes_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "bad", "max-versions": 2}
+    )
+    summary = run_experiment(run, params, Watched(run, corrupt=True))
+    assert summary["versions"] == 2 and summary["updates_rejected"] == 1
+    assert "the masked update is uint64 of shape (4809,), not 4810 field elements" in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("values", "refusal"),
+    [
+        ({"strategy": "fedasync"}, "releases every update alone"),
+        ({"strategy": "fedpsa"}, "cannot take secure aggregation"),
+        ({"strategy": "ca2fl"}, "cannot take secure aggregation"),
+        ({"dp-clipping-norm": 1.0}, "use dp-clipping=client"),
+        ({"buffer-size": 6, "secagg-precision-bits": 24}, "overflows the field"),
+        ({"secagg-privacy": 3, "secagg-recovery": 3}, "must exceed secagg-privacy"),
+    ],
+)
+def test_what_cannot_take_secure_aggregation_is_refused_in_one_line(
+    values: dict[str, Any], refusal: str
+) -> None:
+    with pytest.raises(ConfigError, match=refusal):
+        load_config({**BASE, **SECURE, "max-versions": 4, **values})
