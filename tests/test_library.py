@@ -596,3 +596,31 @@ def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
     summary = json.loads((run / "summary.json").read_text())
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
     assert {row["client"] for row in read_jsonl(run / "updates.jsonl")} == {0, 1, 2}
+
+
+@pytest.mark.integration
+def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_in_simulation(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    """The quickstart with one mod added to its ClientApp's train handler and
+    `secure_aggregation=True` on FedBuff: every update travels masked, every buffer is
+    unmasked by the holders' shares, and the run trains."""
+    old, new = (
+        "buffer_size=3, concurrency=4",
+        "buffer_size=3, concurrency=4, secure_aggregation=True",
+    )
+    app = app_with(tmp_path, QUICKSTART, old, new)
+    client = next(app.glob("*/client_app.py"))
+    client.write_text(
+        client.read_text()
+        .replace("@app.train()", "@app.train(mods=[fedstale.secagg_mod()])")
+        .replace("import torch\n", "import fedstale\nimport torch\n")
+    )
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    flwr_run(link.env, app, "num-server-rounds=3")
+    run = new_run(work, before)
+    summary = json.loads((run / "summary.json").read_text())
+    secure = summary["secure_aggregation"]
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    assert (secure["buffers"], secure["buffers_dropped"], secure["holders"]) == (3, 0, 4)

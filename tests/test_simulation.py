@@ -277,3 +277,23 @@ def test_cohort_training_in_flower_simulation_matches_the_golden_run(
         "updates.jsonl": (run_dir / "updates.jsonl").read_text(),
     }
     assert differences("fedbuff", produced) == []
+
+
+def test_secure_aggregation_over_flower_is_the_in_process_secure_run(
+    superlink: SimulationSuperLink, tmp_path: Path
+) -> None:
+    """fedstale's ClientApp masks through its secagg_mod in Flower simulation: keys, masked
+    updates, sealed shares and the holders' answers travel as real records; the masks cancel
+    exactly in the field, so the run equals the in-process secure run to the last digit."""
+    config = f"{TINY} strategy=fedbuff buffer-size=3 seed=5 secure-aggregation=true"
+    result, run_dir = fedstale_run(superlink, tmp_path, "sec", config)
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    secure = summary["secure_aggregation"]
+    assert secure["holders"] == 10 and secure["buffers"] == summary["versions"] > 5
+    assert secure["buffers_dropped"] == 0 and summary["updates_rejected"] == 0
+    local = in_process(config, tmp_path, "sec-local")
+    assert read_jsonl(local / "updates.jsonl") == read_jsonl(run_dir / "updates.jsonl")
+    assert without_wall(read_jsonl(local / "metrics.jsonl")) == without_wall(
+        read_jsonl(run_dir / "metrics.jsonl")
+    )
