@@ -249,7 +249,7 @@ def test_a_malformed_masked_update_is_rejected_and_the_run_goes_on(
     )
     summary = run_experiment(run, params, Watched(run, corrupt=True))
     assert summary["versions"] == 2 and summary["updates_rejected"] == 1
-    assert "the masked update is uint64 of shape (4809,), not 4810 field elements" in caplog.text
+    assert "the masked update is uint32 of shape (4809,), not 4810 field elements" in caplog.text
 
 
 @pytest.mark.parametrize(

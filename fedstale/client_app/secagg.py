@@ -34,7 +34,7 @@ from fedstale.common.records import (
 )
 from fedstale.common.schema import ARRAYS, CONFIG, METRICS, RETURN_DELTA, set_key
 from fedstale.common.secagg import protocol as wire
-from fedstale.common.secagg.field import add, random_elements, weighted_sum
+from fedstale.common.secagg.field import add, random_elements, to_wire, weighted_sum
 from fedstale.common.secagg.sealing import (
     Unsealable,
     context,
@@ -76,7 +76,8 @@ def masked_parts(
     mask = random_elements(code.length)
     shares = code.encode(mask)
     update, sender, own = int(config[wire.UPDATE]), int(config[wire.SENDER]), private_key(state)
-    parts = {wire.MASKED: add(quantiser.quantise(delta), mask), wire.PUBLIC_KEY: own_key(state)}
+    masked = to_wire(add(quantiser.quantise(delta), mask))
+    parts = {wire.MASKED: masked, wire.PUBLIC_KEY: own_key(state)}
     for j in range(code.holders):
         holder_key = bytes(np.asarray(keys[wire.key_name(j)], np.uint8))
         parts[wire.share_name(j)] = seal(shares[j], own, holder_key, context(update, sender, j))
@@ -107,7 +108,7 @@ def aggregate_parts(
         peer = bytes(np.asarray(parts[wire.update_key_name(update)], np.uint8))
         shares.append(unseal(sealed, own, peer, context(update, sender, holder)))
     state[USED] = np.array(sorted(used.union(updates)), dtype=np.int64)
-    return {wire.AGGREGATE: weighted_sum(shares, factors)}
+    return {wire.AGGREGATE: to_wire(weighted_sum(shares, factors))}
 
 
 def secure_work(

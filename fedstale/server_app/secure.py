@@ -29,13 +29,21 @@ from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import RETURN_MODEL, InvalidReply
 from fedstale.common.secagg import protocol as wire
 from fedstale.common.secagg.coding import MaskCode
-from fedstale.common.secagg.field import PRIME, Quantiser, in_field, subtract, weighted_sum
+from fedstale.common.secagg.field import (
+    PRIME,
+    Quantiser,
+    from_wire,
+    in_field,
+    subtract,
+    weighted_sum,
+)
 from fedstale.common.secagg.sealing import NONCE_BYTES
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Outcome, Strategy
 
 log = logging.getLogger("fedstale")
 TAG_BYTES = 16  # ChaCha20-Poly1305's tag
+WIRE_BYTES = 4  # a field element on the wire
 KEY_BYTES = 32
 
 Request = tuple[int, dict[str, Any], dict[str, dict[str, np.ndarray]]]  # node, config, sets
@@ -202,7 +210,7 @@ class SecureAggregation:
                 f"secure aggregation: the masked update is {masked.dtype} of shape "
                 f"{masked.shape}, not {code.length} field elements below {PRIME}"
             )
-        sealed = NONCE_BYTES + 8 * code.share_length + TAG_BYTES
+        sealed = NONCE_BYTES + WIRE_BYTES * code.share_length + TAG_BYTES
         shares = [np.asarray(parts.get(wire.share_name(j), ())) for j in range(code.holders)]
         if any(s.dtype != np.uint8 or s.shape != (sealed,) for s in shares):
             raise InvalidReply(
@@ -212,7 +220,8 @@ class SecureAggregation:
         key = parts.get(wire.PUBLIC_KEY)
         if not _is_key(key):
             raise InvalidReply("secure aggregation: the reply's public key is not 32 bytes")
-        self.kept[task_id] = Masked(client, masked, shares, bytes(np.asarray(key, np.uint8)))
+        key_bytes = bytes(np.asarray(key, np.uint8))
+        self.kept[task_id] = Masked(client, from_wire(masked), shares, key_bytes)
         self.counts.bytes_in += masked.nbytes + sum(s.nbytes for s in shares) + KEY_BYTES
         sets = {name: part for name, part in reply.sets.items() if name != wire.SET}
         return Reply(
@@ -281,40 +290,56 @@ class SecureAggregation:
             wire.PRIVACY: code.privacy,
             wire.RECOVERY: code.recovery,
         }
-        requests = []
-        for j, client in enumerate(self.holders):
-            sets = {wire.SET: self.holder_parts(j, tasks, kept)}
-            self.counts.bytes_out += sum(a.nbytes for a in sets[wire.SET].values())
-            requests.append((client, {**config, wire.HOLDER: j}, sets))
+        # U holders first, starting where the last buffer stopped (the work spreads); the
+        # others only when fewer than U of those answered
+        first = self.counts.buffers % code.holders
+        order = [(first + k) % code.holders for k in range(code.holders)]
         answers: dict[int, np.ndarray] = {}
-        by_client = {client: j for j, client in enumerate(self.holders)}
-        for client, reply in exchange(requests, code.recovery):
-            j = by_client[client]
-            share = reply.sets.get(wire.SET, {}).get(wire.AGGREGATE)
-            if reply.error_code is not None or share is None:
-                self.counts.refusals += 1
-                log.warning(
-                    "secure aggregation: holder %d (client %d) did not give its share: %s",
-                    j,
-                    client,
-                    reply.error or "no aggregate in its reply",
-                )
-                continue
-            share = np.asarray(share)
-            if share.shape != (code.share_length,) or not in_field(share):
-                self.counts.refusals += 1
-                log.warning(
-                    "secure aggregation: holder %d (client %d) sent a share of shape %s, "
-                    "not %d field elements: ignored",
-                    j,
-                    client,
-                    share.shape,
-                    code.share_length,
-                )
-                continue
-            self.counts.bytes_in += share.nbytes
-            answers[j] = share
+        for wave in (order[: code.recovery], order[code.recovery :]):
+            needed = code.recovery - len(answers)
+            if needed <= 0 or not wave:
+                break
+            requests = [self.request(j, config, tasks, kept) for j in wave]
+            for client, reply in exchange(requests, needed):
+                j = self.holders.index(client)
+                share = self.checked_share(j, client, reply, code)
+                if share is not None:
+                    answers[j] = share
         return answers
+
+    def request(
+        self, j: int, config: dict[str, Any], tasks: Sequence[int], kept: Sequence[Masked]
+    ) -> Request:
+        sets = {wire.SET: self.holder_parts(j, tasks, kept)}
+        self.counts.bytes_out += sum(a.nbytes for a in sets[wire.SET].values())
+        return self.holders[j], {**config, wire.HOLDER: j}, sets
+
+    def checked_share(self, j: int, client: int, reply: Reply, code: MaskCode) -> Any:
+        """A holder's answer as field elements, or None (logged) when it gave none."""
+        share = reply.sets.get(wire.SET, {}).get(wire.AGGREGATE)
+        if reply.error_code is not None or share is None:
+            self.counts.refusals += 1
+            log.warning(
+                "secure aggregation: holder %d (client %d) did not give its share: %s",
+                j,
+                client,
+                reply.error or "no aggregate in its reply",
+            )
+            return None
+        share = np.asarray(share)
+        if share.shape != (code.share_length,) or not in_field(share):
+            self.counts.refusals += 1
+            log.warning(
+                "secure aggregation: holder %d (client %d) sent a share of shape %s, "
+                "not %d field elements: ignored",
+                j,
+                client,
+                share.shape,
+                code.share_length,
+            )
+            return None
+        self.counts.bytes_in += share.nbytes
+        return from_wire(share)
 
     @staticmethod
     def holder_parts(holder: int, tasks: Sequence[int], kept: Sequence[Masked]) -> dict:

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 PRIME = 4_294_967_291  # 2^32 - 5, the largest prime below 2^32
-FIELD_DTYPE = np.uint64
+FIELD_DTYPE = np.uint64  # arithmetic: a product of two elements fits
+WIRE_DTYPE = np.uint32  # on the wire: every element fits in 32 bits
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,14 @@ def random_elements(count: int, prime: int = PRIME) -> np.ndarray:
     return words % FIELD_DTYPE(prime)
 
 
+def to_wire(vector: np.ndarray) -> np.ndarray:
+    return np.asarray(vector).astype(WIRE_DTYPE)
+
+
+def from_wire(vector: np.ndarray) -> np.ndarray:
+    return np.asarray(vector).astype(FIELD_DTYPE)
+
+
 def in_field(vector: np.ndarray, prime: int = PRIME) -> bool:
-    """A vector a client sent is made of field elements: unsigned 64-bit, each below p."""
-    return vector.dtype == FIELD_DTYPE and bool(np.all(vector < prime))
+    """A vector a client sent is made of field elements: unsigned 32-bit, each below p."""
+    return vector.dtype == WIRE_DTYPE and bool(np.all(vector < prime))

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from fedstale.common.secagg.field import FIELD_DTYPE
+from fedstale.common.secagg.field import FIELD_DTYPE, WIRE_DTYPE
 
 NONCE_BYTES = 12
 KEY_BYTES = 32
@@ -58,7 +58,7 @@ def seal(share: np.ndarray, private: bytes, peer: bytes, bound_to: bytes) -> np.
     """`share` (field elements) sealed for the holder of public key `peer`, as uint8."""
     nonce = os.urandom(NONCE_BYTES)
     sealed = ChaCha20Poly1305(_key(private, peer, bound_to)).encrypt(
-        nonce, np.ascontiguousarray(share, FIELD_DTYPE).tobytes(), bound_to
+        nonce, np.ascontiguousarray(share, WIRE_DTYPE).tobytes(), bound_to
     )
     return np.frombuffer(nonce + sealed, dtype=np.uint8)
 
@@ -72,4 +72,4 @@ def unseal(sealed: np.ndarray, private: bytes, peer: bytes, bound_to: bytes) -> 
         )
     except (InvalidTag, ValueError) as err:
         raise Unsealable("a sealed share does not open for this holder") from err
-    return np.frombuffer(opened, dtype=FIELD_DTYPE).copy()
+    return np.frombuffer(opened, dtype=WIRE_DTYPE).astype(FIELD_DTYPE)

@@ -1,0 +1,202 @@
+"""What secure aggregation costs per update (issue 67): bytes on the wire and client and
+server seconds, secure against plain FedBuff on the same runs, and the accuracy of both.
+
+    python -m bench.secagg_cost [--clients 10,50] [--model linear] [--updates 600]
+        [--repeats 1] [--out DIR]
+
+Protocol: Fashion-MNIST (or `--dataset digits`), fedstale's IID partition, FedBuff with
+K = 10 and 10 tasks in flight, `--updates` client updates, the same seed for the plain and
+the secure run (`--local`, one worker, so the client's and the server's seconds are
+measured in one process); N holders = the clients, T = N // 3, U = N - N // 3 (the
+defaults). Per update:
+
+- bytes: plain, the model down and the delta up (float32); secure, the same model down plus
+  the holders' keys, the masked update up (uint64), its N sealed shares up, and, per
+  buffer, the shares and keys sent to the holders and their answers, divided by the
+  updates (summary.json's counts);
+- client seconds: the train function alone, and what masking adds (quantise, mask, encode,
+  seal) and a holder's answer;
+- server seconds: the engine's time per update (summary.json `engine_seconds`, less the
+  clients' work it ran in process), of which unmasking.
+
+Writes results.jsonl and table.md to --out (default runs/secagg-cost-<UTC time>; an
+existing folder is refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from fedstale.client_app import secagg as client_half  # noqa: E402
+from fedstale.client_app.task import evaluate_task, train_task  # noqa: E402
+from fedstale.common.secagg import protocol as wire  # noqa: E402
+from fedstale.launcher.inprocess import InProcessTransport  # noqa: E402
+
+BUFFER = 10
+FLOAT_BYTES = 4
+
+
+@dataclass
+class ClientClock:
+    """Client seconds, split: training, masking, answering as a holder."""
+
+    train: float = 0.0
+    mask: float = 0.0
+    answer: float = 0.0
+
+
+class TimedClients(InProcessTransport):
+    def __init__(self, run: Any) -> None:
+        self.clock = ClientClock()
+        super().__init__(run, self.timed, evaluate_task)
+
+    def timed(self, cfg, partition, config, arrays, sets=None, state=None):  # type: ignore[no-untyped-def]
+        clock = self.clock
+
+        def trained(*args: Any) -> Any:
+            start = time.perf_counter()
+            out = train_task(*args)
+            clock.train += time.perf_counter() - start
+            return out
+
+        stage = config.get(wire.STAGE)
+        start = time.perf_counter()
+        if stage is None:
+            return trained(cfg, partition, config, arrays, sets, state)
+        before = clock.train
+        out = client_half.secure_train(trained, cfg, partition, config, arrays, sets, state)
+        spent = time.perf_counter() - start - (clock.train - before)
+        if stage == wire.UNMASK:
+            clock.answer += spent
+        else:
+            clock.mask += spent
+        return out
+
+
+def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    from fedstale.common.models import build_model
+    from fedstale.server_app.experiment import run_experiment
+    from fedstale.strategies.registry import load_config
+
+    name = f"{'secure' if secure else 'plain'}-n{clients}"
+    values = {
+        "strategy": "fedbuff",
+        "dataset": args.dataset,
+        "model": args.model,
+        "num-clients": clients,
+        "concurrency": BUFFER,
+        "buffer-size": BUFFER,
+        "max-updates": args.updates,
+        "max-virtual-time": 0.0,
+        "eval-interval": 1e12,
+        "checkpoint-every": 0,
+        "seed": 1,
+        "secure-aggregation": secure,
+        "runs-dir": str(out / "runs"),
+        "run-name": name,
+    }
+    run, params = load_config(values)
+    transport = TimedClients(run)
+    started = time.perf_counter()
+    summary = run_experiment(run, params, transport)
+    wall = time.perf_counter() - started
+    updates = summary["updates_accepted"]
+    shape = (1, 28, 28) if args.dataset == "fmnist" else (1, 8, 8)
+    size = sum(p.numel() for p in build_model(args.model, shape, 10, 0).parameters())
+    clock = transport.clock  # in process the engine's seconds include the clients' work
+    engine = sum(summary["engine_seconds"].values()) - clock.train - clock.mask - clock.answer
+    secure_counts = summary.get("secure_aggregation", {})
+    plain_bytes = 2 * size * FLOAT_BYTES  # the model down, the delta up
+    wire_bytes = (
+        size * FLOAT_BYTES + (secure_counts["bytes_in"] + secure_counts["bytes_out"]) / updates
+        if secure
+        else plain_bytes
+    )
+    return {
+        "run": name,
+        "clients": clients,
+        "secure": secure,
+        "parameters": size,
+        "updates": updates,
+        "versions": summary["versions"],
+        "final_accuracy": summary["final_accuracy"],
+        "bytes_per_update": wire_bytes,
+        "client_train_ms": 1e3 * transport.clock.train / updates,
+        "client_mask_ms": 1e3 * transport.clock.mask / updates,
+        "client_answer_ms": 1e3 * transport.clock.answer / updates,
+        "server_ms": 1e3 * engine / updates,
+        "unmask_ms": 1e3 * secure_counts.get("unmask_seconds", 0.0) / updates,
+        "wall_ms": 1e3 * wall / updates,
+        "error_bound": secure_counts.get("error_bound_max", 0.0),
+        "recovery": secure_counts.get("recovery_threshold"),
+        "privacy": secure_counts.get("privacy_threshold"),
+    }
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    plain = {r["clients"]: r for r in rows if not r["secure"]}
+    lines = [
+        "| clients N | T / U | run | bytes / update | x plain | client train ms | "
+        "client mask ms | holder answer ms | server ms (of which unmask) | final acc |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: |",
+    ]
+    for row in rows:
+        reference = plain.get(row["clients"], row)
+        thresholds = f"{row['privacy']} / {row['recovery']}" if row["secure"] else "-"
+        lines.append(
+            f"| {row['clients']} | {thresholds} | {'secure' if row['secure'] else 'plain'} | "
+            f"{row['bytes_per_update']:,.0f} | "
+            f"{row['bytes_per_update'] / reference['bytes_per_update']:.2f} | "
+            f"{row['client_train_ms']:.2f} | {row['client_mask_ms']:.2f} | "
+            f"{row['client_answer_ms']:.2f} | {row['server_ms']:.2f} ({row['unmask_ms']:.2f}) | "
+            f"{row['final_accuracy']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", default="10,50")
+    parser.add_argument("--updates", type=int, default=600)
+    parser.add_argument("--dataset", default="fmnist")
+    parser.add_argument("--model", default="linear")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    import logging
+
+    from fedstale.server_app.app import setup_logging
+
+    setup_logging()
+    logging.getLogger("fedstale").setLevel(logging.WARNING)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    out = args.out or ROOT / "runs" / f"secagg-cost-{stamp}"
+    if out.exists():
+        print(f"secagg_cost: {out} exists; name a new --out", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True)
+    rows = []
+    with (out / "results.jsonl").open("a") as results:
+        for clients in (int(c) for c in args.clients.split(",")):
+            for secure in (False, True):
+                row = one_run(clients, secure, args, out)
+                rows.append(row)
+                results.write(json.dumps(row) + "\n")
+                results.flush()
+                print(f"{row['run']}: {row['bytes_per_update']:,.0f} B/update", flush=True)
+    text = table(rows)
+    (out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
