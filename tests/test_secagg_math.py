@@ -32,9 +32,11 @@ from fedstale.common.secagg.sealing import (
 
 
 def test_quantising_clips_to_the_range_rounds_to_the_precision_and_wraps_negatives() -> None:
-    """R = 1, f = 2: 0.5 -> 2, -0.25 -> -1 = p - 1, 2.0 -> clipped to 1 -> 4, 0.3 -> 1.2 -> 1."""
+    """R = 1, f = 2: 0.5 -> 2, -0.25 -> -1 = p - 1, 2.0 -> clipped to 1 -> 4, 0.3 -> 1.2 -> 1,
+    -0.3 -> -1.2 -> -1 (towards zero: never longer)."""
     quantiser = Quantiser(clip_range=1.0, precision_bits=2, weight_bits=3)
-    assert quantiser.quantise(np.array([0.5, -0.25, 2.0, 0.3])).tolist() == [2, PRIME - 1, 4, 1]
+    values = np.array([0.5, -0.25, 2.0, 0.3, -0.3])
+    assert quantiser.quantise(values).tolist() == [2, PRIME - 1, 4, 1, PRIME - 1]
     # weights 0.5 and 0.25: s = 0.5, W = (8, 4); 8 * 2 + 4 * (-1) = 12 at scale 2^5 / 0.5
     units, top = quantiser.weight_units([0.5, 0.25])
     assert (units, top) == ([8, 4], 0.5)
@@ -51,7 +53,7 @@ def test_a_weighted_sum_decodes_within_its_stated_error_bound() -> None:
     total = weighted_sum([quantiser.quantise(d) for d in deltas], units)
     exact = sum(w * d for w, d in zip(weights, deltas, strict=True))
     error = np.max(np.abs(quantiser.decode(total, top) - exact))
-    assert 0 < error <= quantiser.error_bound(weights) < 1e-4
+    assert 0 < error <= quantiser.error_bound(weights) < 5e-4
     assert quantiser.fits(10) and not quantiser.fits(40)  # 40 * 2^26 passes p / 2
 
 

@@ -1,15 +1,17 @@
 """The finite field the masked updates live in, and the quantisation into it.
 
-An update's delta is clipped coordinate-wise to [-R, R] (`clip_range`) and rounded to a
-multiple of 2^-f (`precision_bits` f): q = round(x 2^f), an integer in [-R 2^f, R 2^f],
-held in F_p as q mod p. The weights of a buffer (staleness weights, a 1/K) are public;
-each is taken relative to the buffer's largest, s = max |w_i|, and rounded the same way to
-W_i = round(w_i / s 2^g) (`weight_bits` g), so the server's weighted sum of the quantised
-deltas, sum_i W_i q_i, is an integer of scale 2^(f+g) / s, which decodes exactly as long as
-its magnitude stays below p / 2 (`fits`: sum_i |W_i| R 2^f < p / 2). The decoded sum differs
-from sum_i w_i x_i (with x_i within [-R, R]) by at most sum_i (|w_i - s W_i 2^-g| R +
-s |W_i| 2^-g 2^-(f+1)) per coordinate (`error_bound`). The prime is below 2^32, so a
-product of two elements fits in 64 bits.
+An update's delta is clipped coordinate-wise to [-R, R] (`clip_range`) and rounded towards
+zero to a multiple of 2^-f (`precision_bits` f): q = trunc(x 2^f), an integer in
+[-R 2^f, R 2^f], held in F_p as q mod p. The weights of a buffer (staleness weights, a 1/K)
+are public; each is taken relative to the buffer's largest, s = max |w_i|, and rounded
+towards zero the same way to W_i = trunc(w_i / s 2^g) (`weight_bits` g). Rounding towards
+zero never lengthens an update nor enlarges its weight, so a clipped update's contribution
+stays within |w_i| C and central DP's sensitivity holds unchanged. The server's weighted
+sum of the quantised deltas, sum_i W_i q_i, is an integer of scale 2^(f+g) / s, which
+decodes exactly as long as its magnitude stays below p / 2 (`fits`: sum_i |W_i| R 2^f <
+p / 2). The decoded sum differs from sum_i w_i x_i (with x_i within [-R, R]) by at most
+sum_i (|w_i - s W_i 2^-g| R + s |W_i| 2^-g 2^-f) per coordinate (`error_bound`). The prime
+is below 2^32, so a product of two elements fits in 64 bits.
 """
 
 from __future__ import annotations
@@ -32,15 +34,15 @@ class Quantiser:
     prime: int = PRIME
 
     def quantise(self, vector: np.ndarray) -> np.ndarray:
-        """`vector` clipped to [-R, R], rounded to 2^-f, as field elements."""
+        """`vector` clipped to [-R, R], rounded towards zero to 2^-f, as field elements."""
         clipped = np.clip(np.asarray(vector, np.float64), -self.clip_range, self.clip_range)
-        integers = np.rint(clipped * 2.0**self.precision_bits).astype(np.int64)
+        integers = np.trunc(clipped * 2.0**self.precision_bits).astype(np.int64)
         return np.mod(integers, self.prime).astype(FIELD_DTYPE)
 
     def weight_units(self, weights: Sequence[float]) -> tuple[list[int], float]:
-        """The integers W_i = round(w_i / s 2^g) and the scale s = max |w_i|."""
+        """The integers W_i = trunc(w_i / s 2^g) and the scale s = max |w_i|."""
         top = max((abs(float(w)) for w in weights), default=0.0) or 1.0
-        return [int(round(float(w) / top * 2**self.weight_bits)) for w in weights], top
+        return [int(float(w) / top * 2**self.weight_bits) for w in weights], top
 
     def decode(self, total: np.ndarray, top: float) -> np.ndarray:
         """A weighted sum in the field (units of `weight_units` with scale `top`) back to
@@ -63,7 +65,7 @@ class Quantiser:
         bound = 0.0
         for weight, unit in zip(weights, units, strict=True):
             bound += abs(weight - unit * step) * self.clip_range
-            bound += abs(unit) * step * 2.0 ** -(self.precision_bits + 1)
+            bound += abs(unit) * step * 2.0**-self.precision_bits
         return bound
 
 
