@@ -268,3 +268,25 @@ def test_what_cannot_take_secure_aggregation_is_refused_in_one_line(
 ) -> None:
     with pytest.raises(ConfigError, match=refusal):
         load_config({**BASE, **SECURE, "max-versions": 4, **values})
+
+
+def test_a_recovery_threshold_of_half_the_holders_or_less_is_refused_at_the_start(
+    tmp_path: Path,
+) -> None:
+    """With U <= N / 2 two disjoint sets of U holders could each unmask a different buffer
+    holding the same update; the run refuses it in one line before any task."""
+    from fedstale.server_app.engine import EngineError
+
+    run, params = load_config(
+        {
+            **BASE,
+            **SECURE,
+            "runs-dir": str(tmp_path),
+            "run-name": "half",
+            "max-versions": 2,
+            "secagg-privacy": 1,
+            "secagg-recovery": 3,
+        }
+    )
+    with pytest.raises(EngineError, match="secagg-recovery 3 is at most half of the 6 holders"):
+        run_experiment(run, params, Watched(run))

@@ -155,6 +155,13 @@ class SecureAggregation:
                 f"secure aggregation: {len(self.holders)} of {len(clients)} clients sent a key, "
                 f"fewer than secagg-recovery {recovery}; start more SuperNodes or lower it"
             )
+        if 2 * recovery <= holders:
+            # two disjoint sets of U holders could each unmask a different buffer holding
+            # the same update, and the difference of the two sums would show single updates
+            raise SecureAggregationError(
+                f"secure aggregation: secagg-recovery {recovery} is at most half of the "
+                f"{holders} holders; raise it above {holders // 2}"
+            )
         self.code = MaskCode(holders, privacy, recovery, self.length)
         log.info(
             "secure aggregation: %d holders, any %d recover a buffer, any %d learn nothing",
