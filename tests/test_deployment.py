@@ -375,3 +375,33 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
     assert {row["edge"] for row in later} == {0, 1}  # both edges went on without waiting
     assert summary["cloud_updates"] == summary["versions"] >= 6
     assert min(summary["edge_rounds"]) >= 3 and summary["stop_reason"] == "version budget 20"
+
+
+def test_secure_aggregation_over_real_supernodes_with_a_holder_killed(tmp_path: Path) -> None:
+    """FedBuff with secure aggregation on 4 real SuperNodes (N = 4 holders, U = 3, T = 1):
+    one node is killed mid-run; every buffer is still unmasked by the 3 holders left, the
+    run reaches its budget, and nothing is rejected or dropped."""
+    runs, log = tmp_path / "runs", tmp_path / "run.log"
+    config = {
+        **SMALL,
+        "secure-aggregation": True,
+        "secagg-timeout": 20.0,
+        "max-updates": 16,
+        "runs-dir": str(runs),
+        "run-name": "secure",
+    }
+    with LocalDeployment(tmp_path / "home", 4) as deployment:
+        process = deployment.launch_app(ROOT, config, log)
+        updates = runs / "secure" / "updates.jsonl"
+        try:
+            first = lambda: len(rows(updates)) >= 2  # noqa: E731
+            wait_until(first, WAIT, "the first unmasked buffer", process, log)
+            deployment.kill_node(3, signal.SIGKILL)
+            assert finish(process) == 0, log.read_text()[-3000:]
+        finally:
+            stop(process)
+    summary = json.loads((runs / "secure" / "summary.json").read_text())
+    secure = summary["secure_aggregation"]
+    assert (secure["holders"], secure["recovery_threshold"]) == (4, 3)
+    assert secure["buffers"] == summary["versions"] >= 6 and secure["buffers_dropped"] == 0
+    assert summary["updates_rejected"] == 0 and summary["stop_reason"] == "update budget 16"
