@@ -290,3 +290,36 @@ def test_a_recovery_threshold_of_half_the_holders_or_less_is_refused_at_the_star
     )
     with pytest.raises(EngineError, match="secagg-recovery 3 is at most half of the 6 holders"):
         run_experiment(run, params, Watched(run))
+
+
+def test_a_secure_run_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    """The resumed run asks for the holders' keys again; in process the clients' kept
+    state (their private keys) does not survive, so a buffer masked under the old keys
+    would be dropped with one line; the checkpoint at 4 follows a release, so none is."""
+    secure_run(tmp_path, "first", **{"max-versions": 5, "checkpoint-every": 2})
+    resumed = {"max-versions": 7, "checkpoint-every": 2, "resume-from": str(tmp_path / "first")}
+    summary, _ = secure_run(tmp_path, "second", **resumed)
+    secure = summary["secure_aggregation"]
+    assert summary["versions"] == 7 and secure["buffers_dropped"] == 0
+    assert secure["buffers"] == 3  # from the checkpoint at 4
+
+
+def test_a_run_whose_holders_all_fall_silent_stops_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every buffer dropped (no holder answers): after 5 in a row the run stops, its folder
+    complete, rather than train for a version budget it can never reach."""
+    run, params = load_config(
+        {
+            **BASE,
+            **SECURE,
+            "runs-dir": str(tmp_path),
+            "run-name": "mute",
+            "max-versions": 4,
+            "secagg-timeout": 0.2,
+        }
+    )
+    summary = run_experiment(run, params, Watched(run, silent=frozenset(range(6))))
+    assert summary["versions"] == 0 and summary["secure_aggregation"]["buffers_dropped"] == 5
+    assert summary["stop_reason"].startswith("secure aggregation: 5 buffers in a row dropped")
+    assert (tmp_path / "mute" / "summary.json").is_file()

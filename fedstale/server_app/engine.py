@@ -433,7 +433,9 @@ class Engine:
     def apply(self, outcome: Outcome) -> None:
         """Bump the version, record the weights, supersede and replace, checkpoint."""
         released = False
-        if outcome.changed and self.secure.unmask(self.strategy, outcome, self.exchange):
+        unmasked = not outcome.changed or self.secure.unmask(self.strategy, outcome, self.exchange)
+        self.stop_reason = self.stop_reason or self.secure.stop()
+        if outcome.changed and unmasked:
             verdict = self.privacy.release_of(self.strategy, outcome, self.version + 1)
             self.stop_reason = verdict.stop or self.stop_reason
             released = verdict.released
@@ -688,6 +690,7 @@ class Engine:
             "time_to_target": self.time_to_target,
             "target_hit": self.target_hit,
             "privacy": self.privacy.state(),
+            "secure": self.secure.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -700,6 +703,7 @@ class Engine:
         self.scores.time_to_target = state["time_to_target"]
         self.scores.target_hit = state["target_hit"]
         self.privacy.load_state(state.get("privacy", {}))
+        self.secure.load_state(state.get("secure", {}))
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

@@ -45,6 +45,7 @@ log = logging.getLogger("fedstale")
 TAG_BYTES = 16  # ChaCha20-Poly1305's tag
 WIRE_BYTES = 4  # a field element on the wire
 KEY_BYTES = 32
+DROPS_IN_A_ROW = 5  # buffers dropped one after another before the run stops
 
 Request = tuple[int, dict[str, Any], dict[str, dict[str, np.ndarray]]]  # node, config, sets
 Exchange = Callable[[list[Request], int], list[tuple[int, Reply]]]
@@ -71,7 +72,14 @@ class SecureStage(Protocol):
 
     def forget(self, task_id: int) -> None: ...
 
+    def stop(self) -> str:
+        """Why the run cannot go on ("" while it can)."""
+
     def summary(self) -> dict[str, Any]: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def load_state(self, state: dict[str, Any]) -> None: ...
 
 
 class NoSecureAggregation:
@@ -97,8 +105,17 @@ class NoSecureAggregation:
     def forget(self, task_id: int) -> None:
         return None
 
+    def stop(self) -> str:
+        return ""
+
     def summary(self) -> dict[str, Any]:
         return {}
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        """Nothing to restore."""
 
 
 @dataclass
@@ -115,6 +132,7 @@ class Masked:
 class Counts:
     buffers: int = 0
     dropped: int = 0
+    dropped_in_a_row: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
     refusals: int = 0
@@ -141,14 +159,15 @@ class SecureAggregation:
 
     # ---------------------------------------------------------------- keys
     def started(self, exchange: Exchange, clients: list[int]) -> None:
-        requests: list[Request] = [(client, {wire.STAGE: wire.KEYS}, {}) for client in clients]
-        answered = {}
-        for client, reply in exchange(requests, len(requests)):
-            key = reply.sets.get(wire.SET, {}).get(wire.PUBLIC_KEY)
-            if reply.error_code is None and _is_key(key):
-                answered[client] = bytes(np.asarray(key, np.uint8))
-        self.holders = sorted(answered)
-        self.keys = [answered[client] for client in self.holders]
+        before = (self.holders, self.keys)
+        self.ask_keys(exchange, clients)
+        if self.kept and (self.holders, self.keys) != before:
+            log.warning(
+                "secure aggregation: %d masked update(s) from before the resume were "
+                "shared among holders whose keys changed; their buffer will be dropped",
+                len(self.kept),
+            )
+            self.kept.clear()
         holders, privacy, recovery = self.thresholds(len(self.holders))
         if recovery > holders:
             raise SecureAggregationError(
@@ -169,6 +188,16 @@ class SecureAggregation:
             recovery,
             privacy,
         )
+
+    def ask_keys(self, exchange: Exchange, clients: list[int]) -> None:
+        requests: list[Request] = [(client, {wire.STAGE: wire.KEYS}, {}) for client in clients]
+        answered = {}
+        for client, reply in exchange(requests, len(requests)):
+            key = reply.sets.get(wire.SET, {}).get(wire.PUBLIC_KEY)
+            if reply.error_code is None and _is_key(key):
+                answered[client] = bytes(np.asarray(key, np.uint8))
+        self.holders = sorted(answered)
+        self.keys = [answered[client] for client in self.holders]
 
     def thresholds(self, holders: int) -> tuple[int, int, int]:
         """(N, T, U): T and U as set, else T = N // 3 and U = N - N // 3 (a third may drop)."""
@@ -252,13 +281,22 @@ class SecureAggregation:
         started = time.perf_counter()
         tasks = [int(record["task"]) for record in outcome.records]
         weights = [float(record["weight"]) for record in outcome.records]
-        kept = [self.kept.pop(task) for task in tasks]
+        lost = [task for task in tasks if task not in self.kept]
+        kept = [self.kept.pop(task) for task in tasks if task in self.kept]
+        if lost:
+            self.dropped()
+            log.warning(
+                "secure aggregation: buffer of %d updates dropped: the masked updates of "
+                "task(s) %s were lost with the keys they were shared under",
+                len(tasks),
+                lost,
+            )
+            return False
         units, top = self.quantiser.weight_units(weights)
         factors = [unit % PRIME for unit in units]
         answers = self.ask(code, tasks, kept, factors, exchange)
-        self.counts.buffers += 1
         if len(answers) < code.recovery:
-            self.counts.dropped += 1
+            self.dropped()
             log.warning(
                 "secure aggregation: buffer of %d updates dropped: %d of the %d holders "
                 "answered, %d needed (secagg-recovery)",
@@ -273,6 +311,8 @@ class SecureAggregation:
         total = subtract(weighted_sum([k.vector for k in kept], factors), mask)
         summed = self.quantiser.decode(total, top)
         strategy.model = (strategy.model.astype(np.float64) + summed).astype(np.float32)
+        self.counts.buffers += 1
+        self.counts.dropped_in_a_row = 0
         self.counts.errors.append(self.quantiser.error_bound(weights))
         self.counts.unmask_seconds += time.perf_counter() - started
         return True
@@ -348,6 +388,19 @@ class SecureAggregation:
         self.counts.bytes_in += share.nbytes
         return from_wire(share)
 
+    def dropped(self) -> None:
+        self.counts.buffers += 1
+        self.counts.dropped += 1
+        self.counts.dropped_in_a_row += 1
+
+    def stop(self) -> str:
+        if self.counts.dropped_in_a_row < DROPS_IN_A_ROW:
+            return ""
+        return (
+            f"secure aggregation: {DROPS_IN_A_ROW} buffers in a row dropped, fewer than "
+            "secagg-recovery holders answer: check that the SuperNodes are up"
+        )
+
     @staticmethod
     def holder_parts(holder: int, tasks: Sequence[int], kept: Sequence[Masked]) -> dict:
         parts: dict[str, np.ndarray] = {}
@@ -360,6 +413,16 @@ class SecureAggregation:
         if self.code is None:
             raise RuntimeError("secure aggregation used before its key round")
         return self.code
+
+    def state(self) -> dict[str, Any]:
+        """The holders and their keys, and the masked updates of the buffer in progress
+        (masked and sealed: nothing in them is readable without the holders)."""
+        return {"holders": list(self.holders), "keys": list(self.keys), "kept": dict(self.kept)}
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.holders = list(state.get("holders", []))
+        self.keys = list(state.get("keys", []))
+        self.kept = dict(state.get("kept", {}))
 
     def summary(self) -> dict[str, Any]:
         code = self.ready()
