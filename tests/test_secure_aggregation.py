@@ -16,7 +16,7 @@ import torch
 from fedstale.client_app import secagg as client_half
 from fedstale.client_app.task import evaluate_task
 from fedstale.common.config import ConfigError
-from fedstale.common.schema import MSG_TRAIN, TaskKeys
+from fedstale.common.schema import MSG_TRAIN, RETURN_MODEL, TaskKeys
 from fedstale.common.secagg import protocol as wire
 from fedstale.common.secagg.coding import MaskCode
 from fedstale.common.secagg.field import Quantiser
@@ -63,7 +63,10 @@ class Watched(InProcessTransport):
             def plain(*args: Any) -> Any:
                 metrics, result, outputs = train_task(*args)
                 names = list(arrays)
-                self.deltas[int(config[TaskKeys.TASK_ID])] = client_half.flat(result, names)
+                trained = client_half.flat(result, names)
+                if config[TaskKeys.RETURN] == RETURN_MODEL:
+                    trained = trained - client_half.flat(arrays, names)
+                self.deltas[int(config[TaskKeys.TASK_ID])] = trained
                 return metrics, result, outputs
 
             return client_half.secure_train(plain, cfg, partition, config, arrays, sets, state)
@@ -101,12 +104,13 @@ def model_of(folder: Path) -> np.ndarray:
     return np.concatenate([t.numpy().ravel() for t in state.values()]).astype(np.float64)
 
 
+@pytest.mark.parametrize("rule", ["fedbuff", "fedavg", "safl-fedsgd", "safl-fedavg"])
 def test_every_release_is_the_plain_weighted_sum_within_the_stated_bound(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rule: str
 ) -> None:
     checked: list[tuple[float, float]] = []
     unmask = SecureAggregation.unmask
-    values = {"runs-dir": str(tmp_path), "run-name": "s", "max-versions": 5}
+    values = {"runs-dir": str(tmp_path), "run-name": "s", "max-versions": 5, "strategy": rule}
     run, params = load_config({**BASE, **SECURE, **values})
     watched = Watched(run)
 
@@ -323,3 +327,36 @@ def test_a_run_whose_holders_all_fall_silent_stops_with_one_line(
     assert summary["versions"] == 0 and summary["secure_aggregation"]["buffers_dropped"] == 5
     assert summary["stop_reason"].startswith("secure aggregation: 5 buffers in a row dropped")
     assert (tmp_path / "mute" / "summary.json").is_file()
+
+
+def test_central_dp_noises_the_unmasked_sum_and_accounts_every_release(tmp_path: Path) -> None:
+    """Secure aggregation with central DP: the ClientApp clips (the server cannot see the
+    update), the server noises each unmasked sum, and the ledger holds every release."""
+    from fedstale.server_app.privacy.central_dp import epsilon_after
+
+    dp = {"dp-clipping": "client", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
+    summary, _ = secure_run(tmp_path, "dp", **dp, **{"max-versions": 4})
+    privacy = summary["privacy"]
+    assert summary["versions"] == privacy["releases"] == 4 and summary["updates_rejected"] == 0
+    run, _ = load_config({**BASE, **SECURE, **dp, "max-versions": 4})
+    assert privacy["epsilon"] == pytest.approx(epsilon_after(run, 4), rel=1e-12)
+    assert summary["secure_aggregation"]["clip_range"] == 1.0  # R follows dp-clipping-norm
+
+
+def test_secure_aggregation_on_two_worker_processes_is_the_one_process_run(
+    tmp_path: Path,
+) -> None:
+    from fedstale.launcher.local import pooled_transport
+    from fedstale.server_app.results import read_jsonl
+
+    secure_run(tmp_path, "one", **{"max-versions": 4})
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "two", "max-versions": 4}
+    )
+    with pooled_transport(run, 2) as transport:
+        run_experiment(run, params, transport)
+    for name in ("updates.jsonl", "metrics.jsonl"):
+        one, two = read_jsonl(tmp_path / "one" / name), read_jsonl(tmp_path / "two" / name)
+        assert [{k: v for k, v in r.items() if k != "wall_time"} for r in one] == [
+            {k: v for k, v in r.items() if k != "wall_time"} for r in two
+        ]

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import cached_property
+from functools import lru_cache
 
 import numpy as np
 
@@ -32,16 +32,33 @@ def inverse(value: int, prime: int = PRIME) -> int:
 
 def lagrange(targets: Sequence[int], points: Sequence[int], prime: int = PRIME) -> np.ndarray:
     """The matrix L with L[t, k] = the k-th Lagrange basis polynomial of `points` at
-    `targets[t]`: values at `points` times L^T are the polynomial's values at `targets`."""
-    matrix = np.zeros((len(targets), len(points)), dtype=object)
+    `targets[t]`: values at `points` times L^T are the polynomial's values at `targets`.
+    Kept per (targets, points): every task of a run encodes with the same matrix."""
+    return _lagrange(tuple(targets), tuple(points), prime).copy()
+
+
+@lru_cache(maxsize=64)
+def _lagrange(targets: tuple[int, ...], points: tuple[int, ...], prime: int) -> np.ndarray:
+    # denominators are the same for every target: prod_{other != point} (point - other)
+    denominators = []
+    for point in points:
+        denominator = 1
+        for other in points:
+            if other != point:
+                denominator = denominator * (point - other) % prime
+        denominators.append(inverse(denominator, prime))
+    matrix = np.zeros((len(targets), len(points)), dtype=np.uint64)
     for t, target in enumerate(targets):
+        if target in points:  # the basis is 1 at its own point, 0 at the others
+            matrix[t, points.index(target)] = 1
+            continue
+        total = 1
+        for other in points:
+            total = total * (target - other) % prime
         for k, point in enumerate(points):
-            numerator, denominator = 1, 1
-            for other in points:
-                if other != point:
-                    numerator = numerator * (target - other) % prime
-                    denominator = denominator * (point - other) % prime
-            matrix[t, k] = numerator * inverse(denominator, prime) % prime
+            # prod_{other != point} (target - other) = total / (target - point)
+            numerator = total * inverse(target - point, prime) % prime
+            matrix[t, k] = numerator * denominators[k] % prime
     return matrix
 
 
@@ -49,9 +66,9 @@ def matmul(matrix: np.ndarray, rows: np.ndarray, prime: int = PRIME) -> np.ndarr
     """`matrix` (small, Python ints below p) times `rows` (field elements), in the field:
     each product below 2^64, reduced before it is added."""
     out = np.zeros((matrix.shape[0], rows.shape[1]), dtype=FIELD_DTYPE)
-    for k in range(matrix.shape[1]):
-        column = np.array([int(c) for c in matrix[:, k]], dtype=FIELD_DTYPE)[:, None]
-        out = (out + (column * rows[k][None, :]) % prime) % prime
+    columns = np.asarray(matrix, dtype=FIELD_DTYPE)
+    for k in range(columns.shape[1]):
+        out = (out + (columns[:, k : k + 1] * rows[k][None, :]) % prime) % prime
     return out
 
 
@@ -88,7 +105,7 @@ class MaskCode:
     def alphas(self) -> list[int]:
         return [self.recovery + j for j in range(1, self.holders + 1)]
 
-    @cached_property
+    @property
     def encoder(self) -> np.ndarray:
         return lagrange(self.alphas, self.betas, self.prime)
 

@@ -8,6 +8,7 @@ could read the shares (an honest-but-curious server does not; docs/privacy.md)."
 from __future__ import annotations
 
 import os
+from functools import lru_cache
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -46,12 +47,18 @@ def context(update: int, sender: int, holder: int) -> bytes:
     return f"update={update};sender={sender};holder={holder}".encode()
 
 
-def _key(private: bytes, peer: bytes, bound_to: bytes) -> bytes:
-    shared = X25519PrivateKey.from_private_bytes(private).exchange(
+@lru_cache(maxsize=1024)
+def _shared(private: bytes, peer: bytes) -> bytes:
+    """The Diffie-Hellman secret of a pair, kept: a client seals for the same holders at
+    every task (each key derived from it is still bound to its update)."""
+    return X25519PrivateKey.from_private_bytes(private).exchange(
         X25519PublicKey.from_public_bytes(peer)
     )
+
+
+def _key(private: bytes, peer: bytes, bound_to: bytes) -> bytes:
     derive = HKDF(algorithm=hashes.SHA256(), length=KEY_BYTES, salt=None, info=INFO + bound_to)
-    return derive.derive(shared)
+    return derive.derive(_shared(private, peer))
 
 
 def seal(share: np.ndarray, private: bytes, peer: bytes, bound_to: bytes) -> np.ndarray:
