@@ -1,7 +1,7 @@
 """What secure aggregation costs per update (issue 67): bytes on the wire and client and
 server seconds, secure against plain FedBuff on the same runs, and the accuracy of both.
 
-    python -m bench.secagg_cost [--clients 10,50] [--model linear] [--updates 600]
+    python -m bench.secagg_cost [--clients 10,50,100,200] [--model linear] [--updates 600]
         [--repeats 1] [--out DIR]
 
 Protocol: Fashion-MNIST (or `--dataset digits`), fedstale's IID partition, FedBuff with
@@ -166,7 +166,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clients", default="10,50")
+    parser.add_argument("--clients", default="10,50,100,200")
     parser.add_argument("--updates", type=int, default=600)
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--model", default="linear")
