@@ -360,3 +360,74 @@ def test_secure_aggregation_on_two_worker_processes_is_the_one_process_run(
         assert [{k: v for k, v in r.items() if k != "wall_time"} for r in one] == [
             {k: v for k, v in r.items() if k != "wall_time"} for r in two
         ]
+
+
+def keyed_stage(holders: int = 3) -> SecureAggregation:
+    """A stage whose key round `holders` clients answered (a stand-in exchange)."""
+    from fedstale.common.layout import ParamLayout
+    from fedstale.server_app.transport import Reply
+
+    run, _ = load_config({**BASE, **SECURE, "num-clients": holders, "max-versions": 2})
+    stage = SecureAggregation(run, ParamLayout(("w",), ((4,),)))
+
+    def exchange(requests: list, needed: int) -> list:
+        return [
+            (
+                client,
+                Reply(f"k{client}", sets={wire.SET: {wire.PUBLIC_KEY: client_half.own_key({})}}),
+            )
+            for client, _, _ in requests
+        ]
+
+    stage.started(exchange, list(range(holders)))
+    return stage
+
+
+def good_parts(stage: SecureAggregation) -> dict[str, np.ndarray]:
+    code = stage.ready()
+    sealed = 12 + 4 * code.share_length + 16
+    parts = {wire.share_name(j): np.zeros(sealed, np.uint8) for j in range(code.holders)}
+    return {**parts, wire.MASKED: np.zeros(4, np.uint32), wire.PUBLIC_KEY: np.zeros(32, np.uint8)}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({wire.MASKED: np.zeros(4, np.float32)}, "float32 of shape \\(4,\\), not 4 field elements"),
+        ({wire.MASKED: np.full(4, 2**32 - 1, np.uint32)}, "not 4 field elements below"),
+        ({wire.share_name(1): np.zeros(7, np.uint8)}, "a sealed share is missing or not"),
+        ({wire.share_name(2): None}, "a sealed share is missing or not"),
+        ({wire.PUBLIC_KEY: np.zeros(31, np.uint8)}, "public key is not 32 bytes"),
+    ],
+)
+def test_a_masked_reply_of_the_wrong_size_type_or_range_is_rejected_in_one_line(
+    change: dict[str, Any], reason: str
+) -> None:
+    from fedstale.common.schema import InvalidReply
+    from fedstale.server_app.transport import Reply
+
+    stage = keyed_stage()
+    parts = {k: v for k, v in {**good_parts(stage), **change}.items() if v is not None}
+    with pytest.raises(InvalidReply, match=reason):
+        stage.take(0, 0, Reply("m", metrics={}, sets={wire.SET: parts}))
+    stage.take(1, 0, Reply("m", metrics={}, sets={wire.SET: good_parts(stage)}))  # the same, whole
+    with pytest.raises(InvalidReply, match=r"add fedstale\.secagg_mod\(\)"):
+        stage.take(2, 0, Reply("m", metrics={}, arrays={"w": np.zeros(4, np.float32)}))
+
+
+def test_a_holders_share_out_of_range_is_ignored_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from fedstale.server_app.transport import Reply
+
+    stage = keyed_stage()
+    code = stage.ready()
+    bad = Reply(
+        "a", sets={wire.SET: {wire.AGGREGATE: np.full(code.share_length, 2**32 - 1, np.uint32)}}
+    )
+    assert stage.checked_share(0, 0, bad, code) is None
+    short = Reply("b", sets={wire.SET: {wire.AGGREGATE: np.zeros(1, np.uint32)}})
+    assert stage.checked_share(1, 1, short, code) is None
+    good = Reply("c", sets={wire.SET: {wire.AGGREGATE: np.ones(code.share_length, np.uint32)}})
+    assert stage.checked_share(2, 2, good, code) is not None
+    assert caplog.text.count("sent a share of shape") == 2
