@@ -65,3 +65,37 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     # Every task sent was accepted, except those still training when the budget was spent.
     unfinished = summary["tasks_dispatched"] - summary["updates_accepted"]
     assert 0 <= unfinished <= 3, summary
+
+
+def test_a_paused_superlink_loses_no_secure_buffer(tmp_path: Path) -> None:
+    """The same pauses with secure aggregation on: the key round, the masked updates and
+    the holders' answers all pass through the paused SuperLink; no task is lost, no update
+    rejected, no buffer dropped."""
+    runs, log = tmp_path / "runs", tmp_path / "run.log"
+    updates = runs / "secure" / "updates.jsonl"
+    config = {
+        **SMALL,
+        "secure-aggregation": True,
+        "max-updates": UPDATES,
+        "runs-dir": str(runs),
+        "run-name": "secure",
+    }
+    deployment = LocalDeployment(tmp_path / "home", 3)
+    pauser = SuperLinkPauser(deployment, PAUSES, gap=1.5)
+    with deployment:
+        process = deployment.launch_app(ROOT, config, log)
+        try:
+            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, WAIT, "updates")
+            pauser.arm()
+            code = process.wait(RUN_TIMEOUT)
+        finally:
+            pauser.close()
+            stop(process)
+    output = log.read_text()
+    assert code == 0 and pauser.done == PAUSES, output[-3000:]
+    summary = json.loads((runs / "secure" / "summary.json").read_text())
+    assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary
+    secure = summary["secure_aggregation"]
+    assert secure["buffers_dropped"] == 0 and secure["buffers"] == summary["versions"] > 0
+    tasks = [row["task"] for row in read_jsonl(updates)]
+    assert len(tasks) == len(set(tasks))
