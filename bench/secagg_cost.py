@@ -2,7 +2,9 @@
 server seconds, secure against plain FedBuff on the same runs, and the accuracy of both.
 
     python -m bench.secagg_cost [--clients 10,50,100,200] [--model linear] [--updates 600]
-        [--repeats 1] [--out DIR]
+        [--out DIR]
+    python -m bench.secagg_cost --door simulation --clients 10,50 --updates 200
+    python -m bench.secagg_cost --door deploy --clients 10 --updates 200
 
 Protocol: Fashion-MNIST (or `--dataset digits`), fedstale's IID partition, FedBuff with
 K = 10 and 10 tasks in flight, `--updates` client updates, the same seed for the plain and
@@ -18,6 +20,12 @@ defaults). Per update:
   seal) and a holder's answer;
 - server seconds: the engine's time per update (summary.json `engine_seconds`, less the
   clients' work it ran in process), of which unmasking.
+
+`--door simulation` (`fedstale run`, Flower simulation) and `--door deploy` (`fedstale
+deploy`: a SuperLink and N SuperNodes on this machine) run the same pairs through Flower:
+there the clients' and the server's seconds cannot be told apart, so the table gives the
+wall milliseconds per update (summary.json's `wall_seconds` over the updates) and the
+bytes of the protocol, secure against plain.
 
 Writes results.jsonl and table.md to --out (default runs/secagg-cost-<UTC time>; an
 existing folder is refused).
@@ -83,7 +91,6 @@ class TimedClients(InProcessTransport):
 
 
 def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    from fedstale.common.models import build_model
     from fedstale.server_app.experiment import run_experiment
     from fedstale.strategies.registry import load_config
 
@@ -110,8 +117,7 @@ def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> 
     summary = run_experiment(run, params, transport)
     wall = time.perf_counter() - started
     updates = summary["updates_accepted"]
-    shape = (1, 28, 28) if args.dataset == "fmnist" else (1, 8, 8)
-    size = sum(p.numel() for p in build_model(args.model, shape, 10, 0).parameters())
+    size = model_size(args)
     clock = transport.clock  # in process the engine's seconds include the clients' work
     engine = sum(summary["engine_seconds"].values()) - clock.train - clock.mask - clock.answer
     secure_counts = summary.get("secure_aggregation", {})
@@ -143,6 +149,78 @@ def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> 
     }
 
 
+def flower_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    """One run through Flower (`fedstale run` in simulation, or `fedstale deploy`)."""
+    import subprocess
+
+    name = f"{args.door}-{'secure' if secure else 'plain'}-n{clients}"
+    pairs = (
+        f"strategy='fedbuff' dataset='{args.dataset}' model='{args.model}' "
+        f"num-clients={clients} concurrency={BUFFER} buffer-size={BUFFER} "
+        f"max-updates={args.updates} max-virtual-time=0 eval-interval=1e12 checkpoint-every=0 "
+        f"seed=1 secure-aggregation={'true' if secure else 'false'} "
+        f"runs-dir='{out / 'runs'}' run-name='{name}'"
+    )
+    command = [sys.executable, "-m", "fedstale.launcher.cli"]
+    if args.door == "deploy":
+        command += ["deploy", "--nodes", str(clients), "--timeout", "3000"]
+    else:
+        command += ["run"]
+    done = subprocess.run(
+        [*command, "--run-config", pairs], cwd=ROOT, capture_output=True, text=True, timeout=3600
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"{name}: {done.stderr[-2000:]}")
+    summary = json.loads((out / "runs" / name / "summary.json").read_text())
+    updates = summary["updates_accepted"]
+    size = model_size(args)
+    counts = summary.get("secure_aggregation", {})
+    wire_bytes = (
+        size * FLOAT_BYTES + (counts["bytes_in"] + counts["bytes_out"]) / updates
+        if secure
+        else 2 * size * FLOAT_BYTES
+    )
+    return {
+        "run": name,
+        "door": args.door,
+        "clients": clients,
+        "secure": secure,
+        "updates": updates,
+        "final_accuracy": summary["final_accuracy"],
+        "bytes_per_update": wire_bytes,
+        "wall_ms": 1e3 * summary["wall_seconds"] / updates,
+        "recovery": counts.get("recovery_threshold"),
+        "privacy": counts.get("privacy_threshold"),
+    }
+
+
+def model_size(args: argparse.Namespace) -> int:
+    from fedstale.common.models import build_model
+
+    shape = (1, 28, 28) if args.dataset == "fmnist" else (1, 8, 8)
+    return sum(p.numel() for p in build_model(args.model, shape, 10, 0).parameters())
+
+
+def flower_table(rows: list[dict[str, Any]]) -> str:
+    plain = {r["clients"]: r for r in rows if not r["secure"]}
+    lines = [
+        "| door | clients N | T / U | run | bytes / update | x plain | wall ms / update | "
+        "x plain | final acc |",
+        "| --- | ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for row in rows:
+        reference = plain.get(row["clients"], row)
+        thresholds = f"{row['privacy']} / {row['recovery']}" if row["secure"] else "-"
+        lines.append(
+            f"| {row['door']} | {row['clients']} | {thresholds} | "
+            f"{'secure' if row['secure'] else 'plain'} | {row['bytes_per_update']:,.0f} | "
+            f"{row['bytes_per_update'] / reference['bytes_per_update']:.2f} | "
+            f"{row['wall_ms']:.1f} | {row['wall_ms'] / reference['wall_ms']:.2f} | "
+            f"{row['final_accuracy']:.4f} |"
+        )
+    return "\n".join(lines)
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     plain = {r["clients"]: r for r in rows if not r["secure"]}
     lines = [
@@ -170,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--updates", type=int, default=600)
     parser.add_argument("--dataset", default="fmnist")
     parser.add_argument("--model", default="linear")
+    parser.add_argument("--door", choices=["local", "simulation", "deploy"], default="local")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     import logging
@@ -188,12 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     with (out / "results.jsonl").open("a") as results:
         for clients in (int(c) for c in args.clients.split(",")):
             for secure in (False, True):
-                row = one_run(clients, secure, args, out)
+                run_one = one_run if args.door == "local" else flower_run
+                row = run_one(clients, secure, args, out)
                 rows.append(row)
                 results.write(json.dumps(row) + "\n")
                 results.flush()
                 print(f"{row['run']}: {row['bytes_per_update']:,.0f} B/update", flush=True)
-    text = table(rows)
+    text = table(rows) if args.door == "local" else flower_table(rows)
     (out / "table.md").write_text(text + "\n")
     print(text)
     return 0
