@@ -624,3 +624,34 @@ def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_in_simulation(
     secure = summary["secure_aggregation"]
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
     assert (secure["buffers"], secure["buffers_dropped"], secure["holders"]) == (3, 0, 4)
+
+
+@pytest.mark.integration
+def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_on_real_supernodes(
+    tmp_path: Path,
+) -> None:
+    settings = "buffer_size=3, concurrency=4"
+    app = app_with(
+        tmp_path / "app",
+        QUICKSTART,
+        settings,
+        "buffer_size=2, concurrency=3, secure_aggregation=True",
+    )
+    client = next(app.glob("*/client_app.py"))
+    client.write_text(
+        client.read_text()
+        .replace("@app.train()", "@app.train(mods=[fedstale.secagg_mod()])")
+        .replace("import torch\n", "import fedstale\nimport torch\n")
+    )
+    here = Path.cwd()
+    os.chdir(tmp_path)
+    try:
+        with LocalDeployment(tmp_path / "home", 3) as deployment:
+            flwr_run(deployment.env, app, "num-server-rounds=3", nodes=0)
+    finally:
+        os.chdir(here)
+    (run,) = (tmp_path / "runs").iterdir()
+    summary = json.loads((run / "summary.json").read_text())
+    secure = summary["secure_aggregation"]
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    assert (secure["holders"], secure["buffers"], secure["buffers_dropped"]) == (3, 3, 0)
