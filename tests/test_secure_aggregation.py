@@ -370,7 +370,7 @@ def keyed_stage(holders: int = 3) -> SecureAggregation:
     run, _ = load_config({**BASE, **SECURE, "num-clients": holders, "max-versions": 2})
     stage = SecureAggregation(run, ParamLayout(("w",), ((4,),)))
 
-    def exchange(requests: list, needed: int) -> list:
+    def exchange(requests: list, needed: int, seconds: float) -> list:
         return [
             (
                 client,

@@ -301,7 +301,7 @@ class Engine:
         if may_answer:
             self.book.write_off(task, time.monotonic() + self.run.task_ttl)
         else:
-            self.contract.forget(task.task_id)
+            self.forget(task.task_id)
         self.counters.failed += 1
         log.warning(
             "task %d lost: node %d (client %d): %s", task.task_id, task.node, task.client, reason
@@ -312,12 +312,12 @@ class Engine:
         """A reply to a written-off task: taken by the rule unless it refuses (counted with
         the reason), never dropped silently. It counts once: the watch ended with it."""
         if reply.error_code is not None:
-            self.contract.forget(task.task_id)
+            self.forget(task.task_id)
             log.info("task %d (client %d) ended with an error reply too", task.task_id, task.client)
             return
         reason = self.strategy.refuses_late(self.in_flight(task))
         if reason:
-            self.contract.forget(task.task_id)
+            self.forget(task.task_id)
             refused = self.counters.late_refused
             refused[reason] = refused.get(reason, 0) + 1
             log.warning(
@@ -347,7 +347,7 @@ class Engine:
                 raise RuntimeError(
                     f"strategy {self.strategy.name} superseded task {task_id}, not in flight"
                 )
-            self.contract.forget(task_id)
+            self.forget(task_id)
             self.counters.superseded += 1
             log.debug("task %d (client %d) superseded", task_id, task.client)
 
@@ -358,7 +358,7 @@ class Engine:
         for task in self.book.overdue(now):
             self.retire(task, f"no reply within task-timeout {self.run.task_timeout:g} s")
         for task in self.book.unwatched(now):
-            self.contract.forget(task.task_id)
+            self.forget(task.task_id)
 
     def handle(self, task: Task, reply: Reply) -> None:
         update = self.checked(task, reply, on_reject=lambda: self.task_lost(task.client))
@@ -378,8 +378,7 @@ class Engine:
             on_reject()
             return None
         finally:
-            self.contract.forget(task.task_id)
-            self.secure.forget(task.task_id)
+            self.forget(task.task_id)
 
     def accept(self, task: Task, reply: Reply, update: Update) -> None:
         self.scores.take(task, reply.metrics, self.clock.now())
@@ -453,10 +452,17 @@ class Engine:
         if released and every and self.version % every == 0 and self.checkpointer:
             self.checkpointer(self)
 
-    def exchange(self, requests: list[Request], needed: int) -> list[tuple[int, Reply]]:
+    def forget(self, task_id: int) -> None:
+        """Task `task_id` ended (answered, lost or superseded): what was kept for it goes."""
+        self.contract.forget(task_id)
+        self.secure.forget(task_id)
+
+    def exchange(
+        self, requests: list[Request], needed: int, seconds: float
+    ) -> list[tuple[int, Reply]]:
         """Messages of a stage's own protocol (secure aggregation's keys and shares): sent
         at once, their replies gathered until `needed` came without an error, every one
-        came, or `secagg-timeout` passed. Each reply with the client it came from."""
+        came, or `seconds` passed. Each reply with the client it came from."""
         sent: dict[str, int] = {}
         for client, config, sets in requests:
             node = self.nodes.node_of.get(client)
@@ -467,7 +473,7 @@ class Engine:
             except SendRefused:
                 continue
         replies: list[tuple[int, Reply]] = []
-        deadline = time.monotonic() + self.run.secagg_timeout
+        deadline = time.monotonic() + seconds
         while sent and time.monotonic() < deadline:
             for reply in self.transport.receive(list(sent)):
                 replies.append((sent.pop(reply.msg_id), reply))

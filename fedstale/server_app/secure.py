@@ -48,7 +48,7 @@ KEY_BYTES = 32
 DROPS_IN_A_ROW = 5  # buffers dropped one after another before the run stops
 
 Request = tuple[int, dict[str, Any], dict[str, dict[str, np.ndarray]]]  # node, config, sets
-Exchange = Callable[[list[Request], int], list[tuple[int, Reply]]]
+Exchange = Callable[[list[Request], int, float], list[tuple[int, Reply]]]
 
 
 class SecureStage(Protocol):
@@ -192,7 +192,8 @@ class SecureAggregation:
     def ask_keys(self, exchange: Exchange, clients: list[int]) -> None:
         requests: list[Request] = [(client, {wire.STAGE: wire.KEYS}, {}) for client in clients]
         answered = {}
-        for client, reply in exchange(requests, len(requests)):
+        # the nodes may still be starting (worker processes, SuperNodes): node-wait-seconds
+        for client, reply in exchange(requests, len(requests), self.run.node_wait_seconds):
             key = reply.sets.get(wire.SET, {}).get(wire.PUBLIC_KEY)
             if reply.error_code is None and _is_key(key):
                 answered[client] = bytes(np.asarray(key, np.uint8))
@@ -347,7 +348,7 @@ class SecureAggregation:
             if needed <= 0 or not wave:
                 break
             requests = [self.request(j, config, tasks, kept) for j in wave]
-            for client, reply in exchange(requests, needed):
+            for client, reply in exchange(requests, needed, self.run.secagg_timeout):
                 j = self.holders.index(client)
                 share = self.checked_share(j, client, reply, code)
                 if share is not None:
