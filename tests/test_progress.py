@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from fedstale.server_app import progress
+from fedstale.server_app.privacy.stage import NoPrivacy
 from tests.helpers import run_config
 
 
@@ -19,7 +20,7 @@ def engine_at(clock: float, accepted: int, version: int, **budgets: float) -> Si
         version=version,
         clock=SimpleNamespace(now=lambda: clock),
         wall_start=time.monotonic(),
-        privacy=None,
+        privacy=NoPrivacy(),  # an engine always has its privacy stage
     )
 
 
