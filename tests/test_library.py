@@ -585,17 +585,36 @@ def test_fedpsa_with_its_client_mod_in_simulation(
 
 @pytest.mark.integration
 def test_quickstart_under_fedbuff_on_real_supernodes(tmp_path: Path) -> None:
+    summary = quickstart_on_supernodes(tmp_path, QUICKSTART)
+    (run,) = (tmp_path / "runs").iterdir()
+    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
+    assert {row["client"] for row in read_jsonl(run / "updates.jsonl")} == {0, 1, 2}
+
+
+def secure_quickstart(tmp_path: Path, settings: str) -> Path:
+    """The quickstart with fedstale.secagg_mod() on its ClientApp's train handler and FedBuff
+    `settings` plus secure_aggregation=True."""
+    app = app_with(tmp_path, QUICKSTART, "buffer_size=3, concurrency=4", settings)
+    client = next(app.glob("*/client_app.py"))
+    client.write_text(
+        client.read_text()
+        .replace("@app.train()", "@app.train(mods=[fedstale.secagg_mod()])")
+        .replace("import torch\n", "import fedstale\nimport torch\n")
+    )
+    return app
+
+
+def quickstart_on_supernodes(tmp_path: Path, app: Path) -> dict[str, Any]:
+    """`app` run for 3 rounds on 3 real SuperNodes; its summary."""
     here = Path.cwd()
     os.chdir(tmp_path)
     try:
         with LocalDeployment(tmp_path / "home", 3) as deployment:
-            flwr_run(deployment.env, QUICKSTART, "num-server-rounds=3", nodes=0)
+            flwr_run(deployment.env, app, "num-server-rounds=3", nodes=0)
     finally:
         os.chdir(here)
     (run,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run / "summary.json").read_text())
-    assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
-    assert {row["client"] for row in read_jsonl(run / "updates.jsonl")} == {0, 1, 2}
+    return json.loads((run / "summary.json").read_text())
 
 
 @pytest.mark.integration
@@ -605,17 +624,7 @@ def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_in_simulation(
     """The quickstart with one mod added to its ClientApp's train handler and
     `secure_aggregation=True` on FedBuff: every update travels masked, every buffer is
     unmasked by the holders' shares, and the run trains."""
-    old, new = (
-        "buffer_size=3, concurrency=4",
-        "buffer_size=3, concurrency=4, secure_aggregation=True",
-    )
-    app = app_with(tmp_path, QUICKSTART, old, new)
-    client = next(app.glob("*/client_app.py"))
-    client.write_text(
-        client.read_text()
-        .replace("@app.train()", "@app.train(mods=[fedstale.secagg_mod()])")
-        .replace("import torch\n", "import fedstale\nimport torch\n")
-    )
+    app = secure_quickstart(tmp_path, "buffer_size=3, concurrency=4, secure_aggregation=True")
     link, work = link_in
     before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
     flwr_run(link.env, app, "num-server-rounds=3")
@@ -630,28 +639,9 @@ def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_in_simulation(
 def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_on_real_supernodes(
     tmp_path: Path,
 ) -> None:
-    settings = "buffer_size=3, concurrency=4"
-    app = app_with(
-        tmp_path / "app",
-        QUICKSTART,
-        settings,
-        "buffer_size=2, concurrency=3, secure_aggregation=True",
-    )
-    client = next(app.glob("*/client_app.py"))
-    client.write_text(
-        client.read_text()
-        .replace("@app.train()", "@app.train(mods=[fedstale.secagg_mod()])")
-        .replace("import torch\n", "import fedstale\nimport torch\n")
-    )
-    here = Path.cwd()
-    os.chdir(tmp_path)
-    try:
-        with LocalDeployment(tmp_path / "home", 3) as deployment:
-            flwr_run(deployment.env, app, "num-server-rounds=3", nodes=0)
-    finally:
-        os.chdir(here)
-    (run,) = (tmp_path / "runs").iterdir()
-    summary = json.loads((run / "summary.json").read_text())
+    settings = "buffer_size=2, concurrency=3, secure_aggregation=True"
+    app = secure_quickstart(tmp_path / "app", settings)
+    summary = quickstart_on_supernodes(tmp_path, app)
     secure = summary["secure_aggregation"]
     assert (summary["versions"], summary["updates_rejected"]) == (3, 0)
     assert (secure["holders"], secure["buffers"], secure["buffers_dropped"]) == (3, 3, 0)

@@ -16,6 +16,7 @@ import torch
 from fedstale.client_app import secagg as client_half
 from fedstale.client_app.task import evaluate_task
 from fedstale.common.config import ConfigError
+from fedstale.common.records import flat
 from fedstale.common.schema import MSG_TRAIN, RETURN_MODEL, TaskKeys
 from fedstale.common.secagg import protocol as wire
 from fedstale.common.secagg.coding import MaskCode
@@ -63,9 +64,9 @@ class Watched(InProcessTransport):
             def plain(*args: Any) -> Any:
                 metrics, result, outputs = train_task(*args)
                 names = list(arrays)
-                trained = client_half.flat(result, names)
+                trained = flat(result, names)
                 if config[TaskKeys.RETURN] == RETURN_MODEL:
-                    trained = trained - client_half.flat(arrays, names)
+                    trained = trained - flat(arrays, names)
                 self.deltas[int(config[TaskKeys.TASK_ID])] = trained
                 return metrics, result, outputs
 

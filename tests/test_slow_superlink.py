@@ -29,13 +29,14 @@ def bin_dir(bound: str) -> Path | None:
     return None if bound == "newest" else installed()[1][bound]
 
 
-@pytest.mark.parametrize("bound", ["newest", "lower"])
-def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
-    bound: str, tmp_path: Path
-) -> None:
+def paused_run(
+    tmp_path: Path, name: str, settings: dict, bound: str = "newest"
+) -> tuple[str, dict, Path]:
+    """`settings` run as `name` on 3 SuperNodes, the SuperLink paused PAUSES times once
+    updates flow; the run's log, summary.json and updates.jsonl."""
     runs, log = tmp_path / "runs", tmp_path / "run.log"
-    updates = runs / "paused" / "updates.jsonl"
-    config = {**SMALL, "max-updates": UPDATES, "runs-dir": str(runs), "run-name": "paused"}
+    updates = runs / name / "updates.jsonl"
+    config = {**SMALL, **settings, "max-updates": UPDATES, "runs-dir": str(runs), "run-name": name}
     deployment = LocalDeployment(tmp_path / "home", 3, bin_dir=bin_dir(bound))
     pauser = SuperLinkPauser(deployment, PAUSES, gap=1.5)
     with deployment:
@@ -50,13 +51,20 @@ def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
     output = log.read_text()
     assert code == 0, output[-3000:]
     assert pauser.done == PAUSES, output[-3000:]
+    return output, json.loads((runs / name / "summary.json").read_text()), updates
+
+
+@pytest.mark.parametrize("bound", ["newest", "lower"])
+def test_a_superlink_paused_while_replies_are_pulled_loses_no_finished_training(
+    bound: str, tmp_path: Path
+) -> None:
+    output, summary, updates = paused_run(tmp_path, "paused", {}, bound)
     overlaps = re.findall(r"an overlapping pull's error reply to \w+ dropped", output)
     # The race happened: up to Flower 1.42 the overlapping pull gets an error reply, which
     # fedstale drops; from 1.43 on Flower's grid drops that reply itself and logs it.
     dropped_by_flower = re.findall(r"Message \w+ objects unavailable", output)
     assert overlaps or dropped_by_flower, output[-3000:]
     assert len(overlaps) == len(set(overlaps)), overlaps  # said once per id
-    summary = json.loads((runs / "paused" / "summary.json").read_text())
     assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary
     assert summary["late_refused"] == {} and "task" not in re.findall(r"(task) \d+ lost", output)
     tasks = [row["task"] for row in read_jsonl(updates)]
@@ -71,29 +79,7 @@ def test_a_paused_superlink_loses_no_secure_buffer(tmp_path: Path) -> None:
     """The same pauses with secure aggregation on: the key round, the masked updates and
     the holders' answers all pass through the paused SuperLink; no task is lost, no update
     rejected, no buffer dropped."""
-    runs, log = tmp_path / "runs", tmp_path / "run.log"
-    updates = runs / "secure" / "updates.jsonl"
-    config = {
-        **SMALL,
-        "secure-aggregation": True,
-        "max-updates": UPDATES,
-        "runs-dir": str(runs),
-        "run-name": "secure",
-    }
-    deployment = LocalDeployment(tmp_path / "home", 3)
-    pauser = SuperLinkPauser(deployment, PAUSES, gap=1.5)
-    with deployment:
-        process = deployment.launch_app(ROOT, config, log)
-        try:
-            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, WAIT, "updates")
-            pauser.arm()
-            code = process.wait(RUN_TIMEOUT)
-        finally:
-            pauser.close()
-            stop(process)
-    output = log.read_text()
-    assert code == 0 and pauser.done == PAUSES, output[-3000:]
-    summary = json.loads((runs / "secure" / "summary.json").read_text())
+    _, summary, updates = paused_run(tmp_path, "secure", {"secure-aggregation": True})
     assert summary["tasks_lost"] == 0 and summary["updates_rejected"] == 0, summary
     secure = summary["secure_aggregation"]
     assert secure["buffers_dropped"] == 0 and secure["buffers"] == summary["versions"] > 0

@@ -19,7 +19,6 @@ import copy
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import (
     ArrayRecord,
@@ -33,7 +32,7 @@ from flwr.app import (
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
 from fedstale.common.models import output_width
-from fedstale.common.records import from_array_record, to_array_record
+from fedstale.common.records import flat, from_array_record, to_array_record
 from fedstale.common.schema import ARRAYS, CONFIG, METRICS, STALE, TaskKeys, set_key
 from fedstale.strategies.fedpsa import SensitivitySketch, sketch_signals
 from fedstale.strategies.fedqs import ClassSpread, FedQSKeys, class_spread, spread_signals
@@ -47,11 +46,6 @@ def names_rule(msg: Message, rule: str) -> bool:
     config = msg.content.config_records.get(CONFIG)
     rules = str(config.get(TaskKeys.CLIENT_RULES, "")) if config is not None else ""
     return rule in rules.split(",")
-
-
-def flat(record: ArrayRecord, names: Sequence[str]) -> np.ndarray:
-    arrays = from_array_record(record)
-    return np.concatenate([np.asarray(arrays[n], np.float64).ravel() for n in names])
 
 
 def fedpsa_mod(model_fn: Callable[[], torch.nn.Module], input_shape: Sequence[int]) -> Mod:
@@ -71,7 +65,8 @@ def fedpsa_mod(model_fn: Callable[[], torch.nn.Module], input_shape: Sequence[in
         trained = reply.content.array_records[ARRAYS]
         model.load_state_dict(trained.to_torch_state_dict())
         names = list(trained)
-        delta = flat(trained, names) - flat(msg.content.array_records[ARRAYS], names)
+        start = from_array_record(msg.content.array_records[ARRAYS])
+        delta = flat(from_array_record(trained), names) - flat(start, names)
         config = msg.content.config_records[CONFIG]
         add_metrics(reply, sketch_signals(model, dict(config), shape, num_classes, delta))
         return reply

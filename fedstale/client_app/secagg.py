@@ -25,9 +25,11 @@ import numpy as np
 from flwr.app import ArrayRecord, Context, Message, MessageType, RecordDict
 from flwr.clientapp.typing import ClientAppCallable, Mod
 
+from fedstale.client_app.task import Result
 from fedstale.common.records import (
     ArraySets,
     decode_sets,
+    flat,
     from_array_record,
     message_content,
     to_array_record,
@@ -48,7 +50,6 @@ log = logging.getLogger("fedstale")
 PRIVATE = "secagg.private-key"
 USED = "secagg.used"
 STATE_KEY = "fedstale-secagg"  # the ArrayRecord in Context.state
-Result = tuple[dict[str, Any], dict[str, np.ndarray], dict[str, dict[str, np.ndarray]]]
 
 
 class Refused(ValueError):
@@ -138,10 +139,6 @@ def secure_work(
     carries_delta = config.get(wire.RETURNS) == RETURN_DELTA
     delta = trained if carries_delta else trained - flat(arrays, names)
     return metrics, {}, {**outputs, wire.SET: masked_parts(config, delta, incoming, state)}
-
-
-def flat(arrays: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
-    return np.concatenate([np.asarray(arrays[n], np.float64).ravel() for n in names])
 
 
 TrainFn = Callable[..., Result]

@@ -45,6 +45,12 @@ def from_array_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {name: array.numpy() for name, array in record.items()}
 
 
+def flat(arrays: Mapping[str, np.ndarray], names: list[str]) -> np.ndarray:
+    """`arrays` in the order `names`, as one float64 vector (a client's delta is computed
+    in it)."""
+    return np.concatenate([np.asarray(arrays[n], np.float64).ravel() for n in names])
+
+
 def message_content(
     config: Mapping[str, Any] | None,
     arrays: Mapping[str, np.ndarray] | None = None,
