@@ -77,13 +77,14 @@ def one_thread() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def produce(strategy: str, runs_dir: Path) -> dict[str, str]:
-    """Run `strategy`'s golden config in this process; the text of its two files."""
+def produce(strategy: str, runs_dir: Path, extra: dict[str, Any] | None = None) -> dict[str, str]:
+    """Run `strategy`'s golden config (with `extra` keys over it) in this process; the
+    text of its two files."""
     from fedstale.launcher.local import local_transport
     from fedstale.server_app.experiment import run_experiment
     from fedstale.strategies.registry import load_config
 
-    run, params = load_config(golden_values(strategy, runs_dir))
+    run, params = load_config({**golden_values(strategy, runs_dir), **(extra or {})})
     with one_thread():
         run_experiment(run, params, local_transport(run))
     folder = runs_dir / strategy

@@ -4,8 +4,10 @@ replies. Equality with Flower simulation is checked in tests/test_simulation.py.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,27 @@ def counting_train(
     time.sleep(0.5 if seen == 1 else 0.0)
     state["tasks"] = np.array([seen])
     return {"seen": seen, "order": config["order"]}, {"w": arrays["w"] + 1}, {}
+
+
+def dying_train(
+    run: RunConfig,
+    partition: int,
+    config: Mapping[str, Any],
+    arrays: dict[str, np.ndarray],
+    sets: Any,
+    state: MutableMapping[str, np.ndarray],
+) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
+    """Ends its worker process on a task that asks it to (a crash, an out-of-memory kill)."""
+    if config["die"]:
+        os._exit(3)
+    return {"pid": os.getpid()}, {"w": arrays["w"]}, {}
+
+
+def marking_warm_up(run: RunConfig) -> None:
+    """Leaves a mark per worker in the directory the run names, then takes its time."""
+    marks = Path(run.runs_dir)
+    (marks / f"warm-{os.getpid()}").write_text("")
+    time.sleep(0.5)
 
 
 def scoring(run: RunConfig, partition: int, config: Mapping[str, Any], arrays: dict) -> dict:
@@ -95,3 +118,28 @@ def test_local_runs_on_a_gpu_train_in_this_process_unless_workers_are_asked_for(
     monkeypatch.setattr(models, "resolve_device", lambda name: torch.device("cpu"))
     assert local_workers(run, None) == min(len(os.sched_getaffinity(0)), 10)
     assert capsys.readouterr().err == ""
+
+
+def test_a_dead_worker_answers_its_task_with_an_error_and_a_fresh_worker_takes_over() -> None:
+    w = {"w": np.ones(2, dtype=np.float32)}
+    with PooledTransport(run_config(), dying_train, scoring, workers=2) as transport:
+        dead = transport.send(NODE_BASE, MSG_TRAIN, {"die": True}, w)
+        after = transport.send(NODE_BASE, MSG_TRAIN, {"die": False}, w)
+        others = [transport.send(NODE_BASE + c, MSG_TRAIN, {"die": False}, w) for c in (1, 2)]
+        replies = collect(transport, [dead, after, *others])
+        alive = [worker.process.is_alive() for worker in transport.workers]
+    assert replies[dead].error_code == 1
+    assert replies[dead].error.startswith("WorkerDied:") and "exit code 3" in replies[dead].error
+    assert all(replies[m].error_code is None for m in [after, *others])
+    assert alive == [True, True]
+
+
+def test_every_worker_is_warm_before_the_clients_count_as_connected(tmp_path: Path) -> None:
+    run = run_config(runs_dir=str(tmp_path))
+    with PooledTransport(run, dying_train, scoring, workers=2, warm=marking_warm_up) as transport:
+        nodes = transport.node_ids()
+        marks = sorted(tmp_path.glob("warm-*"))
+        pids = {worker.process.pid for worker in transport.workers}
+    assert nodes == [NODE_BASE + c for c in range(run.num_clients)]
+    assert {int(m.name.split("-")[1]) for m in marks} == pids
+    assert all(not worker.process.is_alive() for worker in transport.workers)

@@ -54,6 +54,14 @@ def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
 Result = tuple[dict[str, Any], Arrays, dict[str, Arrays]]
 
 
+def warm_up(cfg: RunConfig) -> None:
+    """What a process's first task would otherwise wait for: the model built and every
+    client's training share loaded (both cached per process)."""
+    client_model(cfg)
+    for partition in range(cfg.num_clients):
+        client_data(cfg, partition, "train")
+
+
 @dataclass
 class Prepared:
     """A task loaded and ready to train: its LocalTask (model loaded with the start), the

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 
 from fedstale.client_app.secagg import TrainFn, secure_train
-from fedstale.client_app.task import evaluate_task, train_cohorts, train_task
+from fedstale.client_app.task import evaluate_task, train_cohorts, train_task, warm_up
 from fedstale.common.config import RunConfig
 from fedstale.launcher.inprocess import CohortPool, CohortTransport, InProcessTransport
 from fedstale.launcher.pool import PooledTransport
@@ -23,8 +23,9 @@ def local_transport(run: RunConfig) -> InProcessTransport:
 
 
 def pooled_transport(run: RunConfig, workers: int) -> PooledTransport:
-    """Clients trained in `workers` processes; close it (or use `with`) when the run ends."""
-    return PooledTransport(run, trainer_for(run), evaluate_task, workers)
+    """Clients trained in `workers` processes, each warmed up as it starts; close it (or use
+    `with`) when the run ends."""
+    return PooledTransport(run, trainer_for(run), evaluate_task, workers, warm_up)
 
 
 def cohort_pool() -> CohortPool:
