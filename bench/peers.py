@@ -267,10 +267,14 @@ def table(model: str, rows: Iterable[str], results: list[dict[str, Any]]) -> lis
         found = [a for a in accuracy[name] if a is not None]
         acc = f"{statistics.median(found):.4f}" if found else ""
         lines.append(
-            f"| {label(row)} | {median[name]:.1f} [{min(values):.1f}-{max(values):.1f}] "
+            f"| {label(row)} | {rate(median[name])} [{rate(min(values))}-{rate(max(values))}] "
             f"| {bare} | {pfl} | {acc} |"
         )
     return lines
+
+
+def rate(value: float) -> str:
+    return f"{value:.1f}" if value >= 10 else f"{value:.2f}"
 
 
 def ratio(value: float, reference: float | None) -> str:

@@ -114,9 +114,7 @@ def test_the_profile_splits_an_update_into_training_task_and_engine() -> None:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    values = dict(
-        line.strip().rsplit(": ", 1) for line in done.stdout.splitlines() if ": " in line
-    )
+    values = dict(line.strip().rsplit(": ", 1) for line in done.stdout.splitlines() if ": " in line)
     shares = ["local training ms", "rest of the task ms", "engine ms", "worker CPU ms"]
     assert all(float(values[name]) > 0 for name in shares)
     assert float(values["gather x[rows]"]) > 0 and float(values["in-place update"]) > 0

@@ -49,7 +49,8 @@ def dying_train(
     """Ends its worker process on a task that asks it to (a crash, an out-of-memory kill)."""
     if config["die"]:
         os._exit(3)
-    return {"pid": os.getpid()}, {"w": arrays["w"]}, {}
+    size = int(config.get("reply_floats", 0)) or len(arrays["w"])
+    return {"pid": os.getpid()}, {"w": np.ones(size, dtype=np.float32)}, {}
 
 
 def marking_warm_up(run: RunConfig) -> None:
@@ -143,3 +144,17 @@ def test_every_worker_is_warm_before_the_clients_count_as_connected(tmp_path: Pa
     assert nodes == [NODE_BASE + c for c in range(run.num_clients)]
     assert {int(m.name.split("-")[1]) for m in marks} == pids
     assert all(not worker.process.is_alive() for worker in transport.workers)
+
+
+def test_closing_ends_a_worker_blocked_on_a_reply_nobody_reads_at_once() -> None:
+    """A run that stops with a task in flight: its reply (4 MB, more than a pipe holds) is
+    never read, and closing does not wait for the worker to give up sending it."""
+    w = {"w": np.ones(2, dtype=np.float32)}
+    transport = PooledTransport(run_config(), dying_train, scoring, workers=1)
+    transport.node_ids()
+    transport.send(NODE_BASE, MSG_TRAIN, {"die": False, "reply_floats": 1_000_000}, w)
+    time.sleep(1.0)  # the worker has trained and is blocked sending its reply
+    started = time.monotonic()
+    transport.close()
+    assert time.monotonic() - started < 5.0
+    assert not transport.workers[0].process.is_alive()

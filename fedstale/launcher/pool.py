@@ -93,9 +93,15 @@ class Worker:
         self.job: Job | None = None
 
     def stop(self) -> None:
-        with contextlib.suppress(OSError):  # it has ended already
-            self.conn.send(None)
-        self.process.join(STOP_SECONDS)
+        """An idle worker is asked to end; a busy one is terminated: the run no longer wants
+        its task, and a reply larger than the pipe's buffer would block it on sending."""
+        if self.job is None:
+            with contextlib.suppress(OSError):  # it has ended already
+                self.conn.send(None)
+            self.process.join(STOP_SECONDS)
+        self.end()
+
+    def end(self) -> None:
         if self.process.is_alive():
             self.process.terminate()
             self.process.join(STOP_SECONDS)
@@ -199,7 +205,7 @@ class PooledTransport(InProcessTransport):
         job, worker.job = worker.job, None
         worker.process.join(STOP_SECONDS)
         code = worker.process.exitcode
-        worker.conn.close()
+        worker.end()
         self.workers[self.workers.index(worker)] = Worker(self.context, self.args)
         if job is not None:
             why = f"WorkerDied: the worker process running it ended (exit code {code})"
