@@ -129,8 +129,8 @@ def autograd_step(
 
     def step(idx: torch.Tensor) -> float:
         rows = idx.to(x.device)
-        # index_select, not x[rows]: the same rows, ~5x faster than advanced indexing on
-        # a 64-row batch of images (measured, docs/benchmarks.md)
+        # index_select, not x[rows]: the same rows, 3-4x cheaper than advanced indexing
+        # on a 64-row batch of images (docs/benchmarks.md, "Where the time goes")
         loss = loss_fn(model(x.index_select(0, rows)), y.index_select(0, rows))
         objective = loss
         for term in loss_terms:
@@ -155,7 +155,7 @@ def autograd_step(
 def plain_sgd_update(params: list[nn.Parameter], lr: float) -> Callable[[], None]:
     """torch.optim.SGD's step without momentum or weight decay, the same operation on the
     same tensors (param -= lr * grad; a parameter without a gradient is left alone), without
-    the optimizer's per-step bookkeeping, which cost a fifth of a linear model's step."""
+    the optimizer's per-step bookkeeping, which cost a sixth of a linear model's task."""
 
     @torch.no_grad()
     def update() -> None:
