@@ -144,16 +144,17 @@ def ensure_pfl(venv: Path) -> Path:
     print(f"making pfl's virtualenv in {venv} (torch {torch.__version__}, {PFL})", flush=True)
     base = getattr(sys, "_base_executable", sys.executable)
     torch_pin = f"torch=={torch.__version__.split('+')[0]}"
-    steps = [
-        [base, "-m", "venv", str(venv)],
-        [str(python), "-m", "pip", "install", "--quiet", torch_pin],
-        [str(python), "-m", "pip", "install", "--quiet", PFL, "pydantic>=2"],
-    ]
-    for step in steps:
-        done = run_quiet(step, timeout=1200)
+    pip = [str(python), "-m", "pip", "install", "--quiet"]
+    steps = {
+        f"python -m venv {venv}": [base, "-m", "venv", str(venv)],
+        f"pip install {torch_pin}": [*pip, torch_pin],
+        f"pip install {PFL}": [*pip, PFL, "pydantic>=2"],
+    }
+    for step, command in steps.items():
+        done = run_quiet(command, timeout=1200)
         if done.returncode != 0:
             tail = (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise PeersError(f"could not make pfl's virtualenv ({' '.join(step[-2:])}): {tail[0]}")
+            raise PeersError(f"could not make pfl's virtualenv ({step}): {tail[0]}")
     return python
 
 

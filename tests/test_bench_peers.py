@@ -118,3 +118,23 @@ def test_the_profile_splits_an_update_into_training_task_and_engine() -> None:
     shares = ["local training ms", "rest of the task ms", "engine ms", "worker CPU ms"]
     assert all(float(values[name]) > 0 for name in shares)
     assert float(values["gather x[rows]"]) > 0 and float(values["in-place update"]) > 0
+
+
+def test_a_pfl_virtualenv_that_cannot_be_made_is_one_line_and_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import bench.peers as bench_peers
+
+    def failing(command: list[str], **kwargs: object) -> subprocess.CompletedProcess:
+        error = "ERROR: No matching distribution found for pfl==0.6.0"
+        return subprocess.CompletedProcess(command, 1, stdout="", stderr=error)
+
+    monkeypatch.setattr(bench_peers, "run_quiet", failing)
+    venv = tmp_path / "v"
+    with pytest.raises(SystemExit) as stopped:
+        bench_peers.main(["--rows", "pfl-1", "--pfl-venv", str(venv)])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"bench.peers: could not make pfl's virtualenv (python -m venv {venv}): "
+        "ERROR: No matching distribution found for pfl==0.6.0"
+    ]
