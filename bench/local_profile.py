@@ -10,7 +10,8 @@ the reply) and the engine (everything else in the loop). Several workers: the en
 process CPU per update (its loop plus sending and reading tasks) and the workers' CPU per
 update against the compute they report, from the processes' own CPU clocks (no profiler
 there). Then the local-training step itself, timed part by part on one thread: the batch's
-rows gathered, forward and loss, backward, the parameter update. The protocol is
+rows gathered, forward and loss, backward, the parameter update; and what the model costs
+on a worker's pipe (pickled there and back). The protocol is
 bench.peers' (Fashion-MNIST, 50 IID clients, FedAvg of 10, 5 epochs, batch 64).
 """
 
@@ -149,6 +150,24 @@ def step_once(model, params, optimizer, x, y, rows, lr, parts) -> None:  # type:
     parts["in-place update"] += clock() - start
 
 
+def pickle_cost(args: argparse.Namespace, rounds: int = 2000) -> dict[str, float]:
+    """What a model costs on a worker's pipe: one pickle and unpickle of its arrays (us)."""
+    import pickle
+
+    from fedstale.client_app.task import client_model
+    from fedstale.common.models import get_flat
+
+    with tempfile.TemporaryDirectory() as runs:
+        run, _ = config_for(args, runs)
+    model, layout = client_model(run)
+    arrays = layout.unflatten(get_flat(model))
+    start = time.perf_counter()
+    for _ in range(rounds):
+        pickle.loads(pickle.dumps(arrays, protocol=pickle.HIGHEST_PROTOCOL))
+    seconds = (time.perf_counter() - start) / rounds
+    return {"parameters": float(layout.total), "pickle and unpickle us": 1e6 * seconds}
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="linear")
@@ -164,6 +183,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             rows.append((f"{workers} worker processes", several_workers(args, workers)))
     rows.append(("one task's steps, by part (ms per task)", step_parts(args)))
+    rows.append(("the model through a pipe", pickle_cost(args)))
     print(f"{args.model}, {args.strategy}, trainer={args.trainer}, {args.updates} updates")
     for title, values in rows:
         print(f"\n{title}")

@@ -118,6 +118,7 @@ def test_the_profile_splits_an_update_into_training_task_and_engine() -> None:
     shares = ["local training ms", "rest of the task ms", "engine ms", "worker CPU ms"]
     assert all(float(values[name]) > 0 for name in shares)
     assert float(values["gather x[rows]"]) > 0 and float(values["in-place update"]) > 0
+    assert float(values["parameters"]) == 7850 and float(values["pickle and unpickle us"]) > 0
 
 
 def test_a_pfl_virtualenv_that_cannot_be_made_is_one_line_and_exit_2(
