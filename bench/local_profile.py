@@ -67,7 +67,7 @@ def one_worker(args: argparse.Namespace) -> dict[str, float]:
     stats = pstats.Stats(profile)
     updates = summary["updates_accepted"]
     training = cumulative(stats, "(local_train)")
-    task = cumulative(stats, "task.py:81(train_task)") or cumulative(stats, "(train_task)")
+    task = cumulative(stats, "(train_task)")
     loop = summary["loop_seconds"]
     return {
         "updates/s (under the profiler)": updates / loop,

@@ -329,24 +329,24 @@ def run_all(args: argparse.Namespace) -> None:
     needs_pfl = any(r.startswith("pfl") for rows in plans.values() for r in rows)
     pfl = ensure_pfl(args.pfl_venv) if needs_pfl else None
     results_file = args.out / "results.jsonl"
+    results = done_rows(results_file)
+    done = {(r["model"], r["row"], r["rep"]) for r in results}
     for model in models:
         folder = args.out / model
         protocol = export_protocol(model, updates[model], folder)
         for rep in range(args.reps):
             for name in rotated(plans[model], rep):
-                if any(
-                    r["model"] == model and r["row"] == name and r["rep"] == rep
-                    for r in done_rows(results_file)
-                ):
+                if (model, name, rep) in done:
                     continue
                 result = measure(row_of(name), model, protocol, folder, rep, pfl)
                 with results_file.open("a") as out:
                     out.write(json.dumps(result) + "\n")
+                results.append(result)
                 print(f"{model} rep {rep} {name}: {result['rate']:.2f} updates/s", flush=True)
     cores = len(os.sched_getaffinity(0))
     print(f"\n{cores} cores; updates per second, median of {args.reps} interleaved repetitions")
     for model in models:
-        print("\n".join(["", *table(model, plans[model], done_rows(results_file))]))
+        print("\n".join(["", *table(model, plans[model], results)]))
 
 
 if __name__ == "__main__":

@@ -29,28 +29,19 @@ def counting_train(
     state: MutableMapping[str, np.ndarray],
 ) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
     """Counts this client's tasks in its kept state; slow on the first task so that a
-    second worker would overtake it if the transport let it."""
-    if config["fail"]:
+    second worker would overtake it if the transport let it. A task's config may ask it to
+    fail, to end its worker process (a crash, an out-of-memory kill), or to reply with
+    `reply_floats` ones instead of w + 1."""
+    if config.get("fail"):
         raise ValueError("boom")
+    if config.get("die"):
+        os._exit(3)
     seen = int(state.get("tasks", np.zeros(1))[0]) + 1
     time.sleep(0.5 if seen == 1 else 0.0)
     state["tasks"] = np.array([seen])
-    return {"seen": seen, "order": config["order"]}, {"w": arrays["w"] + 1}, {}
-
-
-def dying_train(
-    run: RunConfig,
-    partition: int,
-    config: Mapping[str, Any],
-    arrays: dict[str, np.ndarray],
-    sets: Any,
-    state: MutableMapping[str, np.ndarray],
-) -> tuple[dict[str, Any], dict[str, np.ndarray], dict]:
-    """Ends its worker process on a task that asks it to (a crash, an out-of-memory kill)."""
-    if config["die"]:
-        os._exit(3)
-    size = int(config.get("reply_floats", 0)) or len(arrays["w"])
-    return {"pid": os.getpid()}, {"w": np.ones(size, dtype=np.float32)}, {}
+    size = int(config.get("reply_floats", 0))
+    reply = np.ones(size, dtype=np.float32) if size else arrays["w"] + 1
+    return {"seen": seen, "order": config.get("order")}, {"w": reply}, {}
 
 
 def marking_warm_up(run: RunConfig) -> None:
@@ -123,7 +114,7 @@ def test_local_runs_on_a_gpu_train_in_this_process_unless_workers_are_asked_for(
 
 def test_a_dead_worker_answers_its_task_with_an_error_and_a_fresh_worker_takes_over() -> None:
     w = {"w": np.ones(2, dtype=np.float32)}
-    with PooledTransport(run_config(), dying_train, scoring, workers=2) as transport:
+    with PooledTransport(run_config(), counting_train, scoring, workers=2) as transport:
         dead = transport.send(NODE_BASE, MSG_TRAIN, {"die": True}, w)
         after = transport.send(NODE_BASE, MSG_TRAIN, {"die": False}, w)
         others = [transport.send(NODE_BASE + c, MSG_TRAIN, {"die": False}, w) for c in (1, 2)]
@@ -137,7 +128,9 @@ def test_a_dead_worker_answers_its_task_with_an_error_and_a_fresh_worker_takes_o
 
 def test_every_worker_is_warm_before_the_clients_count_as_connected(tmp_path: Path) -> None:
     run = run_config(runs_dir=str(tmp_path))
-    with PooledTransport(run, dying_train, scoring, workers=2, warm=marking_warm_up) as transport:
+    with PooledTransport(
+        run, counting_train, scoring, workers=2, warm=marking_warm_up
+    ) as transport:
         nodes = transport.node_ids()
         marks = sorted(tmp_path.glob("warm-*"))
         pids = {worker.process.pid for worker in transport.workers}
@@ -150,10 +143,10 @@ def test_closing_ends_a_worker_blocked_on_a_reply_nobody_reads_at_once() -> None
     """A run that stops with a task in flight: its reply (4 MB, more than a pipe holds) is
     never read, and closing does not wait for the worker to give up sending it."""
     w = {"w": np.ones(2, dtype=np.float32)}
-    transport = PooledTransport(run_config(), dying_train, scoring, workers=1)
+    transport = PooledTransport(run_config(), counting_train, scoring, workers=1)
     transport.node_ids()
     transport.send(NODE_BASE, MSG_TRAIN, {"die": False, "reply_floats": 1_000_000}, w)
-    time.sleep(1.0)  # the worker has trained and is blocked sending its reply
+    time.sleep(2.0)  # the worker has trained (0.5 s) and is blocked sending its reply
     started = time.monotonic()
     transport.close()
     assert time.monotonic() - started < 5.0

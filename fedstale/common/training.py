@@ -122,8 +122,11 @@ def autograd_step(
     loss_fn: LossFn = CROSS_ENTROPY,
 ) -> Step:
     params = list(model.parameters())
-    update = plain_sgd_update(params, lr) if optimiser.plain_sgd else None
-    optimizer = None if update else make_optimizer(params, lr, optimiser)
+    update: Callable[[], object]
+    if optimiser.plain_sgd:
+        update = plain_sgd_update(params, lr)
+    else:
+        update = make_optimizer(params, lr, optimiser).step
     anchor = [p.detach().clone() for p in params] if proximal_mu > 0 else []
     model.train()
 
@@ -143,10 +146,7 @@ def autograd_step(
             param.grad.add_(param.detach() - start, alpha=proximal_mu)
         if optimiser.grad_clip > 0:
             nn.utils.clip_grad_norm_(params, optimiser.grad_clip)
-        if update:
-            update()
-        else:
-            optimizer.step()  # type: ignore[union-attr]
+        update()
         return float(loss.detach())
 
     return step
