@@ -63,22 +63,25 @@ def test_a_file_ledger_is_read_once_by_each_reader_and_shared_by_two(tmp_path: P
         assert lines == []
 
 
-def test_a_line_a_crash_cut_short_is_skipped_and_the_next_starts_on_its_own(
+ONE = {"origin": RELEASE, "noise_multiplier": 1.0, "sample_size": 1, "population_size": 4}
+
+
+def test_only_a_torn_last_line_is_tolerated_said_and_cut_off_before_the_next(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = tmp_path / LEDGER_FILE
-    path.write_text(
-        '{"origin": "release", "noise_multiplier": 1.0, "sample_size": 1, '
-        '"population_size": 4}\n{"origin": "rel'
-    )
     ledger = Ledger.at(path, "a")
-    with ledger.held() as lines:
+    with ledger.held():
+        ledger.append(ONE)
+    with path.open("ab") as handle:
+        handle.write(b'{"origin": "rel')  # a crash in the middle of the next write
+    again = Ledger.at(path, "b")
+    with again.held() as lines:
         assert len(lines) == 1
-        ledger.append(
-            {"origin": RELEASE, "noise_multiplier": 1.0, "sample_size": 1, "population_size": 4}
-        )
+        again.append(ONE)
     assert "cut short by a crash" in caplog.text
-    assert len(Ledger.at(path, "b").entries()) == 2
+    assert len(Ledger.at(path, "c").entries()) == 2
+    assert path.read_bytes().count(b"\n") == 3 and b'"rel\n' not in path.read_bytes()
 
 
 # ---------------------------------------------------------------- resumes and forks
@@ -124,8 +127,104 @@ def test_resuming_a_run_its_budget_stopped_is_refused_and_releases_nothing(
 def test_a_resume_without_its_lineages_ledger_is_refused(tmp_path: Path) -> None:
     run(tmp_path, "base", **DP, **{"max-versions": 4})
     (tmp_path / "base" / LEDGER_FILE).rename(tmp_path / "elsewhere.jsonl")
-    with pytest.raises(ConfigError, match=r"privacy ledger of this run.s lineage.*is missing"):
+    with pytest.raises(ConfigError, match=r"privacy ledger of this run.s lineage.*missing"):
         run(tmp_path, "fork", **DP, **{"max-versions": 8, "resume-from": str(tmp_path / "base")})
+
+
+def rechained(lines: list[dict[str, Any]]) -> str:
+    """Lines written back with every `prev` recomputed: a chain that is whole again."""
+    from fedstale.server_app.privacy.ledger import line_hash
+
+    out, head = [], ""
+    for line in lines:
+        raw = json.dumps({**line, "prev": head}, sort_keys=True).encode()
+        out.append(raw.decode())
+        head = line_hash(raw)
+    return "".join(f"{raw}\n" for raw in out)
+
+
+def garbled(text: str, index: int) -> str:
+    lines = text.splitlines(True)
+    lines[index] = lines[index][:20] + "\n"
+    return "".join(lines)
+
+
+def edit_z(lines: list[dict[str, Any]], number: int) -> list[dict[str, Any]]:
+    return [
+        {**line, "noise_multiplier": 1000.0} if i == number else line
+        for i, line in enumerate(lines)
+    ]
+
+
+@pytest.mark.parametrize(
+    ("rewind", "refusal"),
+    [
+        (lambda text, lines: "", "holds 0 lines, the checkpoint counted 6"),
+        (lambda text, lines: "".join(text.splitlines(True)[:2]), "holds 2 lines, the checkpoint"),
+        (
+            lambda text, lines: "".join(
+                json.dumps(line, sort_keys=True) + "\n" for line in edit_z(lines, 2)
+            ),
+            "line 4 does not follow line 3",
+        ),
+        (
+            lambda text, lines: text.replace('"sample_size": 2', '"sample_size":  2', 1),
+            "line 3 does not follow line 2",
+        ),
+        (lambda text, lines: garbled(text, 2), "line 3 is not a ledger line"),
+        (lambda text, lines: rechained(edit_z(lines, 2)), "line 6 is not the one the checkpoint"),
+        (lambda text, lines: rechained(lines[:1] + lines[2:]), "holds 5 lines, the checkpoint"),
+        (
+            lambda text, lines: rechained([{**lines[0], "lineage": "0" * 32}, *lines[1:]]),
+            "another lineage's ledger",
+        ),
+    ],
+    ids=[
+        "emptied",
+        "shortened",
+        "z-edited",
+        "reformatted",
+        "garbled",
+        "rechained",
+        "rechained-short",
+        "relabelled",
+    ],
+)
+def test_a_rewound_or_edited_ledger_is_refused_on_resume(
+    tmp_path: Path, rewind: Any, refusal: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """base: a checkpoint after its 5 releases (6 ledger lines with the lineage's). Each
+    way of rewinding or editing its ledger is refused in one line, nothing released."""
+    run(tmp_path, "base", **DP, **{"max-versions": 5, "checkpoint-every": 5})
+    path = tmp_path / "base" / LEDGER_FILE
+    text = path.read_text()
+    path.write_text(rewind(text, ledger_lines(tmp_path / "base")))
+    resume = {"max-versions": 8, "resume-from": str(tmp_path / "base")}
+    with pytest.raises(ConfigError, match=refusal):
+        run(tmp_path, "fork", **DP, **resume)
+    assert not (tmp_path / "fork").exists()
+    from fedstale.launcher.cli import main
+
+    config = " ".join(f"{key}={value}" for key, value in {**BASE, **DP, **resume}.items())
+    config += f" runs-dir={tmp_path} run-name=fork"
+    assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot be trusted" in err[0]
+
+
+def test_an_overwritten_base_never_lends_its_path_to_a_fork_of_the_old_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """base (4 releases) overwritten by a new base (a new lineage at the same path, 4
+    releases): a fork of the old checkpoint counts the old lineage (4 + 4), never the new."""
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    run(tmp_path, "base", **DP, **{"max-versions": 4, "overwrite": True})
+    (old,) = tmp_path.glob("base.previous-*")
+    fork, _ = run(tmp_path, "fork", **DP, **{"max-versions": 8, "resume-from": str(old)})
+    assert fork["privacy"]["releases"] == 8 and fork["privacy"]["ledger"] == str(old / LEDGER_FILE)
+    assert releases_of(old) == 8 and releases_of(tmp_path / "base") == 4
+    lineages = {ledger_lines(folder)[0]["lineage"] for folder in (old, tmp_path / "base")}
+    assert len(lineages) == 2
 
 
 def test_a_killed_run_loses_no_release_from_the_ledger(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ replies are rejected and the run goes on; the rules that cannot take it are refu
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from fedstale.common.records import flat
 from fedstale.common.schema import MSG_TRAIN, RETURN_MODEL, TaskKeys
 from fedstale.common.secagg import protocol as wire
 from fedstale.common.secagg.coding import MaskCode
-from fedstale.common.secagg.field import Quantiser
+from fedstale.common.secagg.field import PRIME, Quantiser, random_elements
 from fedstale.launcher.inprocess import InProcessTransport
 from fedstale.launcher.local import trainer_for
 from fedstale.server_app.experiment import run_experiment
@@ -47,12 +48,21 @@ class Watched(InProcessTransport):
     the server received, and leaves the holders in `silent` mute on unmask messages."""
 
     def __init__(
-        self, run: Any, silent: frozenset[int] = frozenset(), corrupt: bool = False
+        self,
+        run: Any,
+        silent: frozenset[int] = frozenset(),
+        corrupt: bool = False,
+        wrong: frozenset[int] = frozenset(),
+        garbage: frozenset[int] = frozenset(),
+        replay: frozenset[int] = frozenset(),
     ) -> None:
         super().__init__(run, self.capture(trainer_for(run)), evaluate_task)
         self.deltas: dict[int, np.ndarray] = {}
         self.received: list[Any] = []
-        self.silent, self.corrupt = silent, corrupt
+        self.silent, self.corrupt, self.wrong = silent, corrupt, wrong
+        self.garbage, self.replay = garbage, replay  # clients whose shares are bad
+        self.first_shares: dict[int, dict[str, np.ndarray]] = {}  # client: its first update's
+        self.sender: dict[str, int] = {}  # msg id: the client it went to
 
     def capture(self, train: Any) -> Any:
         def trained(cfg, partition, config, arrays, sets=None, state=None):  # type: ignore[no-untyped-def]
@@ -76,21 +86,40 @@ class Watched(InProcessTransport):
 
     def send(self, node_id, message_type, config, arrays=None, sets=None):  # type: ignore[no-untyped-def]
         client = node_id - 1000
-        unmask = message_type == MSG_TRAIN and config.get(wire.STAGE) == wire.UNMASK
-        if unmask and client in self.silent:
+        holding = config.get(wire.STAGE) in (wire.CHECK, wire.UNMASK)
+        if message_type == MSG_TRAIN and holding and client in self.silent:
             self.count += 1
             return f"silent-{self.count}"  # a holder that died: no reply ever comes
-        return super().send(node_id, message_type, config, arrays, sets)
+        msg_id = super().send(node_id, message_type, config, arrays, sets)
+        self.sender[msg_id] = client
+        return msg_id
 
     def receive(self, msg_ids):  # type: ignore[no-untyped-def]
         replies = super().receive(msg_ids)
         for reply in replies:
             parts = reply.sets.get(wire.SET, {})
+            client = self.sender.get(reply.msg_id, -1)
             if wire.MASKED in parts and self.corrupt:
                 parts[wire.MASKED] = parts[wire.MASKED][:-1]  # one element short
                 self.corrupt = False
+            if wire.MASKED in parts:
+                self.spoil_shares(client, parts)
+            if wire.AGGREGATE in parts and client in self.wrong:  # a holder answering at random
+                parts[wire.AGGREGATE] = random_elements(parts[wire.AGGREGATE].size).astype(
+                    np.uint32
+                )
             self.received.append(reply)
         return replies
+
+    def spoil_shares(self, client: int, parts: dict[str, np.ndarray]) -> None:
+        """A client sending garbage shares, or replaying those of its first update."""
+        names = [name for name in parts if name.startswith("share-")]
+        first = self.first_shares.setdefault(client, {n: parts[n].copy() for n in names})
+        for name in names:
+            if client in self.garbage:
+                parts[name] = np.frombuffer(os.urandom(parts[name].size), np.uint8)
+            elif client in self.replay:
+                parts[name] = first[name]
 
 
 def secure_run(tmp_path: Path, name: str, **values: Any) -> tuple[dict, Watched]:
@@ -164,73 +193,283 @@ def test_the_server_never_sees_an_update_in_the_clear(tmp_path: Path) -> None:
     assert not any(r.arrays for r in watched.received if wire.MASKED in r.sets.get(wire.SET, {}))
 
 
+class Holders:
+    """N holders (clients 0..N-1, each also a sender) and their masked updates, through the
+    client half's own functions: what a server, honest or not, can ask of them."""
+
+    def __init__(self, holders: int = 4, privacy: int = 1, recovery: int = 3) -> None:
+        self.code = MaskCode(holders=holders, privacy=privacy, recovery=recovery, length=10)
+        self.states: list[dict[str, np.ndarray]] = [{} for _ in range(holders)]
+        self.keyset = {
+            wire.key_name(j): client_half.own_key(state) for j, state in enumerate(self.states)
+        }
+        self.config = {
+            wire.HOLDERS: holders,
+            wire.PRIVACY: privacy,
+            wire.RECOVERY: recovery,
+            wire.LENGTH: 10,
+            wire.CLIP_RANGE: 1.0,
+            wire.PRECISION_BITS: 16,
+            wire.WEIGHT_BITS: 10,
+            wire.ROSTER: list(range(holders)),
+        }
+        self.sent: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # update: sender, parts
+        self.deltas: dict[int, np.ndarray] = {}
+
+    def mask(self, update: int, sender: int) -> None:
+        self.deltas[update] = np.linspace(-0.5, 0.5, 10) * (update + 1) / 10
+        config = {**self.config, wire.UPDATE: update, wire.SENDER: sender}
+        parts = client_half.masked_parts(
+            config, self.deltas[update], self.keyset, self.states[sender]
+        )
+        self.sent[update] = (sender, parts)
+
+    def check(
+        self, j: int, updates: list[int], keys: dict | None = None, **shares: np.ndarray
+    ) -> dict[str, np.ndarray]:
+        parts = {**(keys or self.keyset)}
+        for u in updates:
+            parts[wire.update_share_name(u)] = self.sent[u][1][wire.share_name(j)]
+        parts.update({wire.update_share_name(int(u)): v for u, v in shares.items()})
+        senders = [self.sent[u][0] for u in updates]
+        config = {**self.config, wire.HOLDER: j, wire.UPDATES: updates, wire.SENDERS: senders}
+        return client_half.checked_parts(config, parts, self.states[j])
+
+    def unmask(self, j: int, updates: list[int], factors: list[int]) -> np.ndarray:
+        config = {wire.HOLDER: j, wire.UPDATES: updates, wire.FACTORS: factors}
+        answer = client_half.aggregate_parts(config, wire.HolderPolicy(), self.states[j])
+        return answer[wire.AGGREGATE]
+
+
+@pytest.fixture(autouse=True)
+def answered_records(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Holders record what they answered under the test's own folder."""
+    monkeypatch.setenv(client_half.ANSWERED_DIR, str(tmp_path / "answered"))
+
+
 def test_holders_give_each_share_once_and_never_for_one_client_alone() -> None:
     """The server, following the protocol, asks the holders for every subset it can: one
     update alone is refused (fewer than secagg-min-clients clients), and any set naming an
     update already unmasked is refused; so the only sums it ever learns are of disjoint
     buffers of two or more clients."""
-    code = MaskCode(holders=4, privacy=1, recovery=3, length=10)
-    holders = [{} for _ in range(4)]
-    keys = [client_half.own_key(state) for state in holders]
-    clients = [{} for _ in range(3)]
-    config = {
-        wire.HOLDERS: 4,
-        wire.PRIVACY: 1,
-        wire.RECOVERY: 3,
-        wire.LENGTH: 10,
-        wire.CLIP_RANGE: 1.0,
-        wire.PRECISION_BITS: 16,
-        wire.WEIGHT_BITS: 10,
-    }
-    keyset = {wire.key_name(j): key for j, key in enumerate(keys)}
-    sent = [
-        client_half.masked_parts(
-            {**config, wire.UPDATE: u, wire.SENDER: u}, np.full(10, 0.1 * u), keyset, clients[u]
-        )
-        for u in range(3)
-    ]
-
-    def ask(holder: int, updates: list[int]) -> dict:
-        parts = {}
-        for u in updates:
-            parts[wire.update_share_name(u)] = sent[u][wire.share_name(holder)]
-            parts[wire.update_key_name(u)] = sent[u][wire.PUBLIC_KEY]
-        request = {
-            **config,
-            wire.HOLDER: holder,
-            wire.UPDATES: updates,
-            wire.SENDERS: updates,
-            wire.FACTORS: [1] * len(updates),
-            wire.MIN_CLIENTS: 2,
-        }
-        return client_half.aggregate_parts(request, parts, holders[holder])
-
+    fed = Holders()
+    for u in range(3):
+        fed.mask(u, sender=u)
     for u in range(3):  # one update alone: refused by every holder
         for j in range(4):
-            with pytest.raises(client_half.Refused, match="fewer than secagg-min-clients"):
-                ask(j, [u])
-    answers = {j: ask(j, [0, 1])[wire.AGGREGATE] for j in range(3)}
-    mask = code.decode([0, 1, 2], np.stack([answers[j] for j in range(3)]))
+            fed.check(j, [u])
+            with pytest.raises(wire.Refused, match="fewer than secagg-min-clients"):
+                fed.unmask(j, [u], [1024])
+    answers = {}
+    for j in range(3):
+        assert list(fed.check(j, [0, 1])[wire.OPENED]) == [0, 1]
+        answers[j] = fed.unmask(j, [0, 1], [1024, 512])
+    mask = fed.code.decode([0, 1, 2], np.stack([answers[j] for j in range(3)]))
     assert mask.shape == (10,)
-    for j in range(3):  # update 0 or 1 again, in any company: refused
+    for j in range(3):  # update 0 or 1 again, in any company: not even checked again
         for again in ([0, 2], [1, 2], [0, 1]):
-            with pytest.raises(client_half.Refused, match="asked again"):
-                ask(j, again)
+            assert set(fed.check(j, again)[wire.FAILED]) & {0, 1}
+            with pytest.raises(wire.Refused, match="not opened at the last check"):
+                fed.unmask(j, again, [1024, 1024])
     # holder 3 never answered: alone it cannot give the server a second, different sum
-    lone = ask(3, [0, 2])[wire.AGGREGATE]
+    fed.check(3, [0, 2])
+    lone = fed.unmask(3, [0, 2], [1024, 1024])
     with pytest.raises(ValueError, match="3 distinct holders"):
-        code.decode([3], lone[None, :])
+        fed.code.decode([3], lone[None, :])
+
+
+@pytest.mark.parametrize(
+    ("factors", "refusal"),
+    [
+        ([1024, 0], r"weights \[0, 1024\] outside \[64, 1024\]"),  # B weighs nothing
+        ([1024, PRIME], "outside \\[64, 1024\\]"),  # p: zero in the field
+        ([1024, 1], "outside \\[64, 1024\\]"),  # 2^-10 of A: B barely blurs A
+        ([2**20, 1024], "outside"),  # a largest weight past 2^g
+        ([512, 512], "the largest weight is 512, not 2\\^10"),
+    ],
+)
+def test_a_request_weighing_one_client_alone_is_refused_by_every_honest_holder(
+    factors: list[int], refusal: str
+) -> None:
+    """Today's attacks 1 and 2 (docs/privacy.md): a real buffer {A, B} asked with weights
+    that make it A's update; each of U holders refuses, so no mask of A is ever decoded."""
+    fed = Holders()
+    fed.mask(0, sender=0)
+    fed.mask(1, sender=1)
+    for j in range(4):
+        fed.check(j, [0, 1])
+        with pytest.raises(wire.Refused, match=refusal):
+            fed.unmask(j, [0, 1], factors)
+        assert client_half.answered(fed.states[j]) == set()  # nothing spent by a refusal
+
+
+def test_an_update_the_server_sealed_itself_or_a_swapped_key_is_refused() -> None:
+    """Attack 3: a buffer {A, F} where F is sealed by the server under a key pair of its own,
+    naming client 1 or an unknown client as sender. The holder opens shares only with the
+    keys it pinned at its first message, so F fails the check and {A, F} is refused; a
+    request bringing the server's key in place of client 1's is refused outright."""
+    from fedstale.common.secagg.sealing import context, new_private_key, public_key, seal
+
+    fed = Holders()
+    fed.mask(0, sender=0)
+    server_private = new_private_key()
+    shares = fed.code.encode(random_elements(10))
+    for j in range(4):
+        fed.check(j, [0])  # pins the roster at holder j (a task would too)
+        holder_key = bytes(fed.keyset[wire.key_name(j)])
+        forged = seal(shares[j], server_private, holder_key, context(7, 1, j))
+        fed.sent[7] = (1, {wire.share_name(j): forged})
+        checked = fed.check(j, [0, 7])
+        assert list(checked[wire.OPENED]) == [0] and list(checked[wire.FAILED]) == [7]
+        with pytest.raises(wire.Refused, match=r"update\(s\) \[7\] not opened"):
+            fed.unmask(j, [0, 7], [1024, 1024])
+        server_key = np.frombuffer(public_key(server_private), np.uint8)
+        swapped = {**fed.keyset, wire.key_name(1): server_key}
+        with pytest.raises(wire.Refused, match="differ from those pinned"):
+            fed.check(j, [0, 7], keys=swapped)
+
+
+def _answer_once(state: dict, folder: str, barrier: Any, results: Any) -> None:
+    os.environ[client_half.ANSWERED_DIR] = folder
+    config = {wire.HOLDER: 0, wire.UPDATES: [0, 1], wire.FACTORS: [1024, 1024]}
+    barrier.wait()
+    try:
+        client_half.aggregate_parts(config, wire.HolderPolicy(), state)
+        results.put("answered")
+    except wire.Refused as err:
+        results.put(str(err))
+
+
+def test_two_unmask_messages_at_once_are_answered_at_most_once(tmp_path: Path) -> None:
+    """Two ClientApp processes of one node, each started from the same state (as a
+    SuperNode hands a Context to each), asked for the same updates at the same moment:
+    the record on the node's disk, claimed under a lock, lets exactly one answer."""
+    import multiprocessing
+
+    fed = Holders()
+    fed.mask(0, sender=0)
+    fed.mask(1, sender=1)
+    fed.check(0, [0, 1])
+    context = multiprocessing.get_context("spawn")
+    for attempt in range(3):
+        barrier, results = context.Barrier(2), context.Queue()
+        state = {name: array.copy() for name, array in fed.states[0].items()}
+        folder = str(tmp_path / f"answered-{attempt}")
+        workers = [
+            context.Process(target=_answer_once, args=(state, folder, barrier, results))
+            for _ in range(2)
+        ]
+        for worker in workers:
+            worker.start()
+        outcomes = sorted(results.get(timeout=60) for _ in workers)
+        for worker in workers:
+            worker.join(30)
+        assert outcomes[0] == "answered"
+        assert outcomes[1].startswith("asked again for update(s) [0, 1]")
 
 
 def test_a_buffer_survives_holders_that_die_while_u_answer(tmp_path: Path) -> None:
     run, params = load_config(
         {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "dead", "max-versions": 3}
     )
-    summary = run_experiment(run, params, Watched(run, silent=frozenset({0, 5})))
+    summary = run_experiment(run, params, Watched(run, silent=frozenset({5})))
     secure = summary["secure_aggregation"]
     assert summary["versions"] == 3
     assert (secure["holders"], secure["recovery_threshold"]) == (6, 4)
     assert secure["buffers_dropped"] == 0
+
+
+def plain_sums_checked(
+    monkeypatch: pytest.MonkeyPatch, watched: Watched
+) -> list[tuple[float, float, int]]:
+    """Every unmask's move of the model against the plain weighted sum of the deltas the
+    clients really sent, for the updates the buffer kept: (error, bound, updates kept)."""
+    checked: list[tuple[float, float, int]] = []
+    unmask = SecureAggregation.unmask
+
+    def checking(self: SecureAggregation, strategy: Any, outcome: Any, exchange: Any) -> bool:
+        before = strategy.model.astype(np.float64)
+        dropped = self.counts.updates_dropped
+        done = unmask(self, strategy, outcome, exchange)
+        spoiled = watched.garbage | watched.replay
+        kept = [
+            r
+            for r in outcome.records
+            if not (self.counts.updates_dropped > dropped and int(r["client"]) in spoiled)
+        ]
+        weights = [float(r["weight"]) for r in kept]
+        plain = sum(
+            w * np.clip(watched.deltas[int(r["task"])], -1, 1)
+            for w, r in zip(weights, kept, strict=True)
+        )
+        moved = strategy.model.astype(np.float64) - before
+        slack = np.abs(strategy.model).max() * 2.0**-23
+        if done:
+            bound = self.quantiser.error_bound(weights) + slack
+            checked.append((float(np.max(np.abs(moved - plain))), bound, len(kept)))
+        else:
+            assert not moved.any()  # a dropped buffer moves nothing
+        return done
+
+    monkeypatch.setattr(SecureAggregation, "unmask", checking)
+    return checked
+
+
+def test_a_holder_answering_at_random_is_named_and_every_buffer_recovered_from_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "liar", "max-versions": 4}
+    )
+    watched = Watched(run, wrong=frozenset({2}))
+    checked = plain_sums_checked(monkeypatch, watched)
+    summary = run_experiment(run, params, watched)
+    secure = summary["secure_aggregation"]
+    assert summary["versions"] == 4 and secure["buffers_dropped"] == 0
+    assert secure["wrong_answers"] == 4
+    assert len(checked) == 4 and all(error <= bound for error, bound, _ in checked)
+    assert caplog.text.count("holder 2 (client 2) answered a share that does not fit") == 4
+
+
+def test_two_holders_answering_at_random_drop_the_buffer_never_a_wrong_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Six holders, U = 4: two wrong answers of six cannot be told apart from two right
+    ones, so each buffer is dropped with one line and the model never moves wrongly."""
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "liars", "max-updates": 9}
+    )
+    watched = Watched(run, wrong=frozenset({1, 4}))
+    checked = plain_sums_checked(monkeypatch, watched)
+    summary = run_experiment(run, params, watched)
+    assert summary["versions"] == 0 and summary["secure_aggregation"]["buffers_dropped"] == 3
+    assert not checked
+    assert caplog.text.count("6 holders answered: the 6 answers disagree") == 3
+
+
+@pytest.mark.parametrize("spoil", ["garbage", "replay"])
+def test_a_client_sending_bad_shares_costs_only_its_own_updates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, spoil: str
+) -> None:
+    """Client 3 sends random bytes as every share (or replays its first update's shares):
+    each holder's check names its update, the server drops that update alone, named with
+    its node, and recovers the rest of the buffer: every honest update counted, but for
+    one left alone in its buffer by client 3's (one client's update is never released)."""
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": spoil, "max-versions": 6}
+    )
+    watched = Watched(run, **{spoil: frozenset({3})})
+    checked = plain_sums_checked(monkeypatch, watched)
+    summary = run_experiment(run, params, watched)
+    secure = summary["secure_aggregation"]
+    lines = [line for line in caplog.text.splitlines() if "(client 3) dropped" in line]
+    assert lines and secure["updates_dropped"] == len(lines)
+    assert all("did not open at 6 of the 6 holders that checked" in line for line in lines)
+    alone = caplog.text.count("1 client(s) left in it, fewer than secagg-min-clients 2")
+    assert summary["versions"] == 6 and secure["buffers_dropped"] == alone
+    # each release moved the model by the plain sum of every honest update in its buffer
+    assert len(checked) == 6 and all(error <= bound for error, bound, _ in checked)
+    assert sum(kept for _, _, kept in checked) < 18  # some of client 3's were in them
 
 
 def test_below_u_a_buffer_is_dropped_with_one_line_and_the_run_goes_on(
@@ -243,7 +482,9 @@ def test_below_u_a_buffer_is_dropped_with_one_line_and_the_run_goes_on(
     secure = summary["secure_aggregation"]
     assert summary["updates_accepted"] == 9 and summary["versions"] == 0
     assert secure["buffers_dropped"] == secure["buffers"] == 3
-    assert "buffer of 3 updates dropped: 3 of the 6 holders answered, 4 needed" in caplog.text
+    assert "buffer of 3 updates dropped: 3 of the 6 holders can answer for it, 5 needed" in (
+        caplog.text
+    )
 
 
 def test_a_malformed_masked_update_is_rejected_and_the_run_goes_on(

@@ -17,8 +17,13 @@ lives in its state (Flower's Context.state on a node).
 from __future__ import annotations
 
 import copy
+import fcntl
+import hashlib
 import logging
-from collections.abc import Callable, Mapping, MutableMapping
+import os
+import tempfile
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -36,7 +41,8 @@ from fedstale.common.records import (
 )
 from fedstale.common.schema import ARRAYS, CONFIG, METRICS, RETURN_DELTA, set_key
 from fedstale.common.secagg import protocol as wire
-from fedstale.common.secagg.field import add, random_elements, to_wire, weighted_sum
+from fedstale.common.secagg.field import add, from_wire, random_elements, to_wire, weighted_sum
+from fedstale.common.secagg.protocol import Refused
 from fedstale.common.secagg.sealing import (
     Unsealable,
     context,
@@ -49,11 +55,13 @@ from fedstale.common.secagg.sealing import (
 log = logging.getLogger("fedstale")
 PRIVATE = "secagg.private-key"
 USED = "secagg.used"
+ROSTER_CLIENTS = "secagg.roster-clients"  # pinned at the first message that names holders
+ROSTER_KEYS = "secagg.roster-keys"
+PENDING_UPDATES = "secagg.pending-updates"  # the shares opened at the last check
+PENDING_SENDERS = "secagg.pending-senders"
+PENDING_SHARES = "secagg.pending-shares"
 STATE_KEY = "fedstale-secagg"  # the ArrayRecord in Context.state
-
-
-class Refused(ValueError):
-    """A holder will not give its share for this buffer."""
+ANSWERED_DIR = "FEDSTALE_SECAGG_DIR"  # where holders record what they answered (env)
 
 
 def private_key(state: MutableMapping[str, np.ndarray]) -> bytes:
@@ -66,50 +74,166 @@ def own_key(state: MutableMapping[str, np.ndarray]) -> np.ndarray:
     return np.frombuffer(public_key(private_key(state)), dtype=np.uint8)
 
 
+def pinned_roster(
+    config: Mapping[str, Any], keys: Mapping[str, np.ndarray], state: Any
+) -> tuple[list[int], list[bytes]]:
+    """The holders (client ids) and their public keys as first seen; a later message naming
+    others is refused, so the server cannot swap a key between the mask and the unmask."""
+    clients = np.asarray([int(c) for c in config[wire.ROSTER]], np.int64)
+    named = [bytes(np.asarray(keys[wire.key_name(j)], np.uint8)) for j in range(len(clients))]
+    if any(len(key) != 32 for key in named):
+        raise Refused("a holder's public key is not 32 bytes")
+    as_array = np.frombuffer(b"".join(named), np.uint8).reshape(len(clients), 32)
+    if ROSTER_CLIENTS not in state:
+        state[ROSTER_CLIENTS], state[ROSTER_KEYS] = clients, as_array.copy()
+    elif not (
+        np.array_equal(state[ROSTER_CLIENTS], clients)
+        and np.array_equal(state[ROSTER_KEYS], as_array)
+    ):
+        raise Refused("the holders or their keys differ from those pinned at the first message")
+    return [int(c) for c in state[ROSTER_CLIENTS]], [bytes(k) for k in state[ROSTER_KEYS]]
+
+
 def masked_parts(
     config: Mapping[str, Any], delta: np.ndarray, keys: Mapping[str, np.ndarray], state: Any
 ) -> dict[str, np.ndarray]:
     """The "secagg" set of a trained task: the quantised delta plus a fresh mask, the
-    mask's shares sealed for their holders, and this client's public key."""
+    mask's shares sealed for their holders (the pinned keys), and this client's key."""
     code, quantiser = wire.code_of(config), wire.quantiser_of(config)
     if delta.shape != (code.length,):
         raise ValueError(f"the update has {delta.size} values, the task {code.length}")
+    clients, holder_keys = pinned_roster(config, keys, state)
+    update, sender, own = int(config[wire.UPDATE]), int(config[wire.SENDER]), private_key(state)
+    if len(clients) != code.holders:
+        raise Refused(f"{len(clients)} holders named, the code has {code.holders}")
+    if sender not in clients or holder_keys[clients.index(sender)] != public_key(own):
+        raise Refused(f"client {sender}'s own key is not the one the holders were given")
     mask = random_elements(code.length)
     shares = code.encode(mask)
-    update, sender, own = int(config[wire.UPDATE]), int(config[wire.SENDER]), private_key(state)
     masked = to_wire(add(quantiser.quantise(delta), mask))
     parts = {wire.MASKED: masked, wire.PUBLIC_KEY: own_key(state)}
     for j in range(code.holders):
-        holder_key = bytes(np.asarray(keys[wire.key_name(j)], np.uint8))
-        parts[wire.share_name(j)] = seal(shares[j], own, holder_key, context(update, sender, j))
+        parts[wire.share_name(j)] = seal(shares[j], own, holder_keys[j], context(update, sender, j))
     return parts
 
 
-def aggregate_parts(
+def checked_parts(
     config: Mapping[str, Any], parts: Mapping[str, np.ndarray], state: Any
 ) -> dict[str, np.ndarray]:
-    """This holder's share of the buffer's weighted mask; refused (Refused) for a buffer of
-    fewer than `secagg-min-clients` clients or one naming an update it answered for."""
-    updates = [int(u) for u in config[wire.UPDATES]]
-    senders = [int(s) for s in config[wire.SENDERS]]
-    factors = [int(f) for f in config[wire.FACTORS]]
-    if len(set(senders)) < int(config[wire.MIN_CLIENTS]):
-        raise Refused(
-            f"a buffer of {len(set(senders))} client(s), fewer than secagg-min-clients "
-            f"{config[wire.MIN_CLIENTS]}: it would show one client's update"
-        )
-    used = {int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64)))}
-    again = used.intersection(updates)
-    if again:
-        raise Refused(f"asked again for update(s) {sorted(again)}: each share is given once")
+    """Open this holder's share of each update of a buffer with the sender's pinned key;
+    keep those that open for the unmask; say which did not. Gives nothing of a mask."""
+    clients, keys = pinned_roster(config, parts, state)
     holder, own = int(config[wire.HOLDER]), private_key(state)
-    shares = []
-    for update, sender in zip(updates, senders, strict=True):
-        sealed = parts[wire.update_share_name(update)]
-        peer = bytes(np.asarray(parts[wire.update_key_name(update)], np.uint8))
-        shares.append(unseal(sealed, own, peer, context(update, sender, holder)))
-    state[USED] = np.array(sorted(used.union(updates)), dtype=np.int64)
+    if not 0 <= holder < len(keys) or keys[holder] != public_key(own):
+        raise Refused(f"asked as holder {holder}, whose pinned key is not this client's")
+    used = answered(state)
+    opened: list[tuple[int, int, np.ndarray]] = []
+    failed: list[int] = []
+    for update, sender in zip(config[wire.UPDATES], config[wire.SENDERS], strict=True):
+        share = opened_share(parts, int(update), int(sender), holder, own, clients, keys, used)
+        if share is None:
+            failed.append(int(update))
+        else:
+            opened.append((int(update), int(sender), share))
+    state[PENDING_UPDATES] = np.array([u for u, _, _ in opened], np.int64)
+    state[PENDING_SENDERS] = np.array([s for _, s, _ in opened], np.int64)
+    state[PENDING_SHARES] = np.stack([s for _, _, s in opened]) if opened else np.zeros((0, 0))
+    return {
+        wire.OPENED: np.array([u for u, _, _ in opened], np.int64),
+        wire.FAILED: np.array(failed, np.int64),
+    }
+
+
+def opened_share(
+    parts: Mapping[str, np.ndarray],
+    update: int,
+    sender: int,
+    holder: int,
+    own: bytes,
+    clients: list[int],
+    keys: list[bytes],
+    used: set[int],
+) -> np.ndarray | None:
+    """One update's share for this holder, or None (logged) when it cannot be used."""
+    why = ""
+    sealed = parts.get(wire.update_share_name(update))
+    if update in used:
+        why = "already answered for"
+    elif sender not in clients:
+        why = f"its sender, client {sender}, holds no pinned key"
+    elif sealed is None:
+        why = "no share came with the request"
+    else:
+        try:
+            bound = context(update, sender, holder)
+            return unseal(sealed, own, keys[clients.index(sender)], bound)
+        except Unsealable:
+            why = "its share does not open (altered, replayed, or sealed for another update)"
+    log.warning("secure aggregation: update %d of client %d: %s", update, sender, why)
+    return None
+
+
+def aggregate_parts(
+    config: Mapping[str, Any], policy: wire.HolderPolicy, state: Any
+) -> dict[str, np.ndarray]:
+    """This holder's share of the buffer's weighted mask, from the shares it opened at the
+    check; refused (Refused) under its policy or for an update it answered for before."""
+    updates = [int(u) for u in config[wire.UPDATES]]
+    factors = [int(f) for f in config[wire.FACTORS]]
+    pending = [int(u) for u in np.asarray(state.get(PENDING_UPDATES, np.zeros(0, np.int64)))]
+    missing = [u for u in updates if u not in pending]
+    if missing or len(set(updates)) != len(updates):
+        named = missing or updates
+        raise Refused(f"update(s) {named} not opened at the last check, or named twice")
+    senders = [int(state[PENDING_SENDERS][pending.index(u)]) for u in updates]
+    refusal = policy.refusal(senders, factors)
+    if refusal:
+        raise Refused(refusal)
+    shares = [from_wire(state[PENDING_SHARES][pending.index(u)]) for u in updates]
+    claim(state, updates)
+    for name in (PENDING_UPDATES, PENDING_SENDERS, PENDING_SHARES):
+        state.pop(name, None)
     return {wire.AGGREGATE: to_wire(weighted_sum(shares, factors))}
+
+
+def answered(state: Any) -> set[int]:
+    """The updates this holder has given a share for (its state and its record on disk)."""
+    kept = {int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64)))}
+    path = answered_path(state)
+    if path.is_file():
+        kept.update(int(line) for line in path.read_text().split())
+    return kept
+
+
+def answered_path(state: Any) -> Path:
+    """The holder's record of answered updates, named by its key (one per node and run)."""
+    folder = Path(os.environ.get(ANSWERED_DIR) or tempfile.gettempdir())
+    digest = hashlib.sha256(bytes(own_key(state))).hexdigest()[:32]
+    return folder / f"fedstale-secagg-{os.getuid()}" / f"{digest}.answered"
+
+
+def claim(state: Any, updates: Sequence[int]) -> None:
+    """Record `updates` as answered, atomically: under an exclusive lock on the holder's
+    record, so two unmask messages handled at once (two ClientApp processes of one node)
+    cannot both find an update unanswered. Refused if any was answered before."""
+    path = answered_path(state)
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with path.open("a+") as record:
+        fcntl.flock(record, fcntl.LOCK_EX)
+        try:
+            record.seek(0)
+            done = {int(u) for u in record.read().split()}
+            done.update(int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64))))
+            again = done.intersection(updates)
+            if again:
+                again_text = sorted(again)
+                raise Refused(f"asked again for update(s) {again_text}: each share is given once")
+            record.write("".join(f"{u}\n" for u in updates))
+            record.flush()
+            os.fsync(record.fileno())
+        finally:
+            fcntl.flock(record, fcntl.LOCK_UN)
+    state[USED] = np.array(sorted(done.union(updates)), dtype=np.int64)
 
 
 def secure_work(
@@ -118,17 +242,22 @@ def secure_work(
     sets: ArraySets | None,
     state: MutableMapping[str, np.ndarray],
     train: Callable[[], Result],
+    policy: wire.HolderPolicy | None = None,
 ) -> Result:
-    """One message of the protocol: the key, a holder's share, or the task trained and its
-    reply masked; a message without `secagg-stage` is the task as it came."""
+    """One message of the protocol: the key, a holder's check or share, or the task trained
+    and its reply masked; a message without `secagg-stage` is the task as it came."""
     stage = config.get(wire.STAGE)
     incoming = dict((sets or {}).get(wire.SET, {}))
     if stage == wire.KEYS:
         return {}, {}, {wire.SET: {wire.PUBLIC_KEY: own_key(state)}}
-    if stage == wire.UNMASK:
+    if stage in (wire.CHECK, wire.UNMASK):
         try:
-            return {}, {}, {wire.SET: aggregate_parts(config, incoming, state)}
-        except (Refused, Unsealable) as err:  # the server counts a reply without a share
+            if stage == wire.CHECK:
+                return {}, {}, {wire.SET: checked_parts(config, incoming, state)}
+            # the policy is the client's own: never read from the request
+            held = policy or wire.HolderPolicy()
+            return {}, {}, {wire.SET: aggregate_parts(config, held, state)}
+        except Refused as err:  # the server counts a reply without a share
             log.warning("secure aggregation: no share given: %s", err)
             return {}, {}, {}
     metrics, result, outputs = train()
@@ -158,13 +287,42 @@ def secure_train(
     the client's kept state being the transport's per-client state."""
     kept = state if state is not None else {}
     own = {name: part for name, part in (sets or {}).items() if name != wire.SET} or None
+    policy = wire.HolderPolicy(
+        min_clients=cfg.secagg_min_clients,
+        min_weight_ratio=cfg.secagg_min_weight_ratio,
+        weight_bits=cfg.secagg_weight_bits,
+    )
     return secure_work(
-        config, arrays, sets, kept, lambda: train_fn(cfg, partition, config, arrays, own, state)
+        config,
+        arrays,
+        sets,
+        kept,
+        lambda: train_fn(cfg, partition, config, arrays, own, state),
+        policy,
     )
 
 
-def secagg_mod() -> Mod:
-    """Secure aggregation's client half for a ClientApp's train handler (see above)."""
+def secagg_mod(
+    min_clients: int | None = None,
+    min_weight_ratio: float | None = None,
+    weight_bits: int | None = None,
+) -> Mod:
+    """Secure aggregation's client half for a ClientApp's train handler (see above).
+
+    A holder's policy is the client's, never the server's: each argument left None is read
+    from the run config (`secagg-min-clients`, `secagg-min-weight-ratio`,
+    `secagg-weight-bits`, as `flwr run` passes them to the ClientApp), else its default
+    (2, 1/16, 10)."""
+
+    def policy_of(context: Context) -> wire.HolderPolicy:
+        base = wire.HolderPolicy.of(context.run_config)
+        return wire.HolderPolicy(
+            min_clients=base.min_clients if min_clients is None else min_clients,
+            min_weight_ratio=(
+                base.min_weight_ratio if min_weight_ratio is None else min_weight_ratio
+            ),
+            weight_bits=base.weight_bits if weight_bits is None else weight_bits,
+        )
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:
         if msg.metadata.message_type != MessageType.TRAIN:
@@ -190,7 +348,7 @@ def secagg_mod() -> Mod:
         start = from_array_record(arrays) if arrays is not None else {}
         try:
             metrics, _, outputs = secure_work(
-                dict(config), start, decode_sets(msg.content), state, train
+                dict(config), start, decode_sets(msg.content), state, train, policy_of(context)
             )
         except _Failed:
             return replies[-1]

@@ -206,6 +206,8 @@ class RunConfig(KebabModel):
     secagg_precision_bits: int = Field(16, ge=1, le=24)
     secagg_weight_bits: int = Field(10, ge=1, le=20)
     secagg_min_clients: int = Field(2, ge=2)
+    secagg_min_weight_ratio: float = Field(0.0625, gt=0, le=1)  # a holder's smallest W / largest
+    secagg_spare_holders: int = Field(2, ge=1)  # answers beyond U asked to check the others
     secagg_timeout: float = Field(60.0, gt=0)
 
     clock: Literal["virtual", "wall"] = "virtual"

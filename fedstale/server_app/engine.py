@@ -637,9 +637,12 @@ class Engine:
     def begin(self) -> None:
         self.wait_for_clients()
         try:
-            self.secure.started(self.exchange, self.nodes.clients)
+            left_out = self.secure.started(self.exchange, self.nodes.clients)
         except SecureAggregationError as err:
             raise EngineError(str(err)) from None
+        for client in left_out:
+            log.warning("client %d sent no key in the key round: no task for it", client)
+            self.nodes.exclude(self.nodes.node_of[client])
         self.loop_started = time.monotonic()
         if self.scores.by_message:  # the first train replies score the initial models
             self.fill()

@@ -28,7 +28,7 @@ from fedstale.common.config import RunConfig
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import RETURN_MODEL, InvalidReply
 from fedstale.common.secagg import protocol as wire
-from fedstale.common.secagg.coding import MaskCode
+from fedstale.common.secagg.coding import Disagreement, MaskCode, decode_checked
 from fedstale.common.secagg.field import (
     PRIME,
     Quantiser,
@@ -37,6 +37,7 @@ from fedstale.common.secagg.field import (
     subtract,
     weighted_sum,
 )
+from fedstale.common.secagg.protocol import HolderPolicy
 from fedstale.common.secagg.sealing import NONCE_BYTES
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Outcome, Strategy
@@ -52,8 +53,8 @@ Exchange = Callable[[list[Request], int, float], list[tuple[int, Reply]]]
 
 
 class SecureStage(Protocol):
-    def started(self, exchange: Exchange, clients: list[int]) -> None:
-        """Before the first task: the holders' keys."""
+    def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
+        """Before the first task: the holders' keys; the clients that cannot take part."""
 
     def task_parts(
         self, task_id: int, client: int, carries: str
@@ -85,8 +86,8 @@ class SecureStage(Protocol):
 class NoSecureAggregation:
     """Updates in the clear, as Flower sends them."""
 
-    def started(self, exchange: Exchange, clients: list[int]) -> None:
-        return None
+    def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
+        return []
 
     def task_parts(
         self, task_id: int, client: int, carries: str
@@ -136,6 +137,8 @@ class Counts:
     bytes_in: int = 0
     bytes_out: int = 0
     refusals: int = 0
+    wrong_answers: int = 0  # holders' answers that did not fit the others'
+    updates_dropped: int = 0  # updates left out of their buffer (shares or weight)
     unmask_seconds: float = 0.0
     errors: list[float] = field(default_factory=list)
 
@@ -156,9 +159,16 @@ class SecureAggregation:
         self.starts: dict[int, np.ndarray] = {}
         self.kept: dict[int, Masked] = {}
         self.counts = Counts()
+        self.silent: set[int] = set()  # holders that did not reply to the last check
+        self.policy = HolderPolicy(
+            min_clients=run.secagg_min_clients,
+            min_weight_ratio=run.secagg_min_weight_ratio,
+            weight_bits=run.secagg_weight_bits,
+        )
+        self.rule = run.strategy
 
     # ---------------------------------------------------------------- keys
-    def started(self, exchange: Exchange, clients: list[int]) -> None:
+    def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
         before = (self.holders, self.keys)
         self.ask_keys(exchange, clients)
         if self.kept and (self.holders, self.keys) != before:
@@ -183,20 +193,34 @@ class SecureAggregation:
             )
         self.code = MaskCode(holders, privacy, recovery, self.length)
         log.info(
-            "secure aggregation: %d holders, any %d recover a buffer, any %d learn nothing",
+            "secure aggregation: %d holders, any %d recover a buffer, any %d learn nothing; "
+            "holders answer for %d or more clients, %s weights within %g of a buffer's largest",
             holders,
             recovery,
             privacy,
+            self.policy.min_clients,
+            self.rule,
+            self.policy.min_weight_ratio,
         )
+        return [client for client in clients if client not in self.holders]
 
     def ask_keys(self, exchange: Exchange, clients: list[int]) -> None:
         requests: list[Request] = [(client, {wire.STAGE: wire.KEYS}, {}) for client in clients]
-        answered = {}
+        answered, errors = {}, []
         # the nodes may still be starting (worker processes, SuperNodes): node-wait-seconds
         for client, reply in exchange(requests, len(requests), self.run.node_wait_seconds):
             key = reply.sets.get(wire.SET, {}).get(wire.PUBLIC_KEY)
             if reply.error_code is None and _is_key(key):
                 answered[client] = bytes(np.asarray(key, np.uint8))
+            else:
+                errors.append(reply.error or "a reply without a key")
+        if errors and not answered:
+            raise SecureAggregationError(
+                f"secure aggregation: none of the {len(errors)} ClientApps that replied sent a "
+                "key (the key request reached the train function: add fedstale.secagg_mod() "
+                "to the ClientApp's train handler, @app.train(mods=[fedstale.secagg_mod()])); "
+                f"first error: {errors[0].splitlines()[0] if errors[0] else ''}"
+            )
         self.holders = sorted(answered)
         self.keys = [answered[client] for client in self.holders]
 
@@ -211,8 +235,13 @@ class SecureAggregation:
         self, task_id: int, client: int, carries: str
     ) -> tuple[dict[str, Any], dict[str, Any]]:
         code = self.ready()
+        if client not in self.holders:
+            raise SecureAggregationError(
+                f"secure aggregation: client {client} sent no key in the key round"
+            )
         config = {
             wire.STAGE: wire.MASK,
+            wire.ROSTER: list(self.holders),
             wire.RETURNS: carries,
             wire.HOLDERS: code.holders,
             wire.PRIVACY: code.privacy,
@@ -278,101 +307,178 @@ class SecureAggregation:
 
     # ---------------------------------------------------------------- releases
     def unmask(self, strategy: Strategy[Any], outcome: Outcome, exchange: Exchange) -> bool:
+        """Check the buffer's shares at every holder, drop the updates whose shares do not
+        open, ask the holders at which all the rest opened for their share of the weighted
+        mask, find answers that do not fit, and add the sum; False: the buffer dropped."""
         code = self.ready()
         started = time.perf_counter()
         tasks = [int(record["task"]) for record in outcome.records]
-        weights = [float(record["weight"]) for record in outcome.records]
+        weights = {int(r["task"]): float(r["weight"]) for r in outcome.records}
         lost = [task for task in tasks if task not in self.kept]
-        kept = [self.kept.pop(task) for task in tasks if task in self.kept]
+        kept = {task: self.kept.pop(task) for task in tasks if task in self.kept}
         if lost:
-            self.dropped()
-            log.warning(
-                "secure aggregation: buffer of %d updates dropped: the masked updates of "
-                "task(s) %s were lost with the keys they were shared under",
+            return self.drop(
                 len(tasks),
-                lost,
+                f"the masked updates of task(s) {lost} were lost with the keys "
+                "they were shared under",
             )
-            return False
-        units, top = self.quantiser.weight_units(weights)
-        factors = [unit % PRIME for unit in units]
-        answers = self.ask(code, tasks, kept, factors, exchange)
-        if len(answers) < code.recovery:
-            self.dropped()
+        units, _ = self.quantiser.weight_units([weights[t] for t in tasks])
+        tasks = self.weighable(tasks, dict(zip(tasks, units, strict=True)), kept)
+        opened = self.check(code, tasks, kept, exchange)
+        tasks, able = self.usable(code, tasks, kept, opened)
+        if len(able) < code.recovery + 1:
+            return self.drop(
+                len(weights),
+                f"{len(able)} of the {code.holders} holders can answer for it, "
+                f"{code.recovery + 1} needed (secagg-recovery and one spare to check the answers)",
+            )
+        clients = len({kept[t].client for t in tasks})
+        if clients < self.policy.min_clients:
+            return self.drop(
+                len(weights),
+                f"{clients} client(s) left in it, fewer than secagg-min-clients "
+                f"{self.policy.min_clients}",
+            )
+        # relative to the largest weight left (an update left out may have been the largest)
+        factors, top = self.quantiser.weight_units([weights[t] for t in tasks])
+        answers = self.ask(code, tasks, factors, able, exchange)
+        try:
+            mask, wrong = decode_checked(code, answers)
+        except Disagreement as err:
+            return self.drop(len(weights), f"{len(answers)} holders answered: {err}")
+        for j in wrong:
+            self.counts.wrong_answers += 1
             log.warning(
-                "secure aggregation: buffer of %d updates dropped: %d of the %d holders "
-                "answered, %d needed (secagg-recovery)",
-                len(tasks),
-                len(answers),
-                code.holders,
-                code.recovery,
+                "secure aggregation: holder %d (client %d) answered a share that does not fit "
+                "the others': excluded from this buffer, recovered from the rest",
+                j,
+                self.holders[j],
             )
-            return False
-        holders = sorted(answers)[: code.recovery]
-        mask = code.decode(holders, np.stack([answers[j] for j in holders]))
-        total = subtract(weighted_sum([k.vector for k in kept], factors), mask)
+        total = subtract(weighted_sum([kept[t].vector for t in tasks], factors), mask)
         summed = self.quantiser.decode(total, top)
         strategy.model = (strategy.model.astype(np.float64) + summed).astype(np.float32)
         self.counts.buffers += 1
         self.counts.dropped_in_a_row = 0
-        self.counts.errors.append(self.quantiser.error_bound(weights))
+        self.counts.errors.append(self.quantiser.error_bound([weights[t] for t in tasks]))
         self.counts.unmask_seconds += time.perf_counter() - started
         return True
+
+    def weighable(
+        self, tasks: list[int], unit_of: dict[int, int], kept: dict[int, Masked]
+    ) -> list[int]:
+        """The updates whose weight the holders accept: one below secagg-min-weight-ratio of
+        the buffer's largest counts as a zero delta (logged), as a holder would refuse it."""
+        light = [t for t in tasks if unit_of[t] < self.policy.least_factor]
+        for task in light:
+            self.counts.updates_dropped += 1
+            log.warning(
+                "secure aggregation: update of task %d (client %d) left out of its buffer: "
+                "its %s weight is below secagg-min-weight-ratio %g of the buffer's largest",
+                task,
+                kept[task].client,
+                self.rule,
+                self.policy.min_weight_ratio,
+            )
+        return [t for t in tasks if t not in light]
+
+    def check(
+        self, code: MaskCode, tasks: list[int], kept: dict[int, Masked], exchange: Exchange
+    ) -> dict[int, set[int]]:
+        """Every holder opens its share of each update: {holder index: updates opened}."""
+        config = {
+            wire.STAGE: wire.CHECK,
+            wire.UPDATES: list(tasks),
+            wire.SENDERS: [kept[t].client for t in tasks],
+            wire.ROSTER: list(self.holders),
+            **self.code_config(code),
+        }
+        requests = [
+            self.request(j, config, self.holder_parts(j, tasks, kept)) for j in range(code.holders)
+        ]
+        # U + spare replies, fewer when holders fell silent at the last check (all are asked:
+        # one that comes back is counted again), so that a dead holder costs no timeout
+        alive = code.holders - len(self.silent)
+        needed = max(code.recovery + 1, min(alive, code.recovery + self.run.secagg_spare_holders))
+        opened: dict[int, set[int]] = {}
+        replies = exchange(requests, needed, self.run.secagg_timeout)
+        self.silent = set(range(code.holders)) - {self.holders.index(c) for c, _ in replies}
+        for client, reply in replies:
+            parts, j = reply.sets.get(wire.SET, {}), self.holders.index(client)
+            if reply.error_code is None and wire.OPENED in parts:
+                opened[j] = {int(u) for u in np.asarray(parts[wire.OPENED])}
+            else:
+                self.refused(j, client, reply.error or "no check in its reply")
+        return opened
+
+    def usable(
+        self, code: MaskCode, tasks: list[int], kept: dict[int, Masked], opened: dict[int, set[int]]
+    ) -> tuple[list[int], list[int]]:
+        """The updates whose shares opened widely enough, and the holders at which every one
+        of them opened. An update whose shares failed at more holders than can be spared
+        (all but U + 1 of those that checked) is its sender's fault or a replay: dropped,
+        named with its node; a holder at which a kept update failed is left out."""
+        spare = len(opened) - (code.recovery + 1)
+        good = []
+        for task in tasks:
+            failed = sum(task not in updates for updates in opened.values())
+            if failed > max(spare, 0):
+                self.counts.updates_dropped += 1
+                log.warning(
+                    "secure aggregation: update of task %d (client %d) dropped: its shares did "
+                    "not open at %d of the %d holders that checked (altered, replayed or "
+                    "duplicated); the rest of its buffer goes on",
+                    task,
+                    kept[task].client,
+                    failed,
+                    len(opened),
+                )
+            else:
+                good.append(task)
+        able = sorted(j for j, updates in opened.items() if updates.issuperset(good))
+        return good, able
 
     def ask(
         self,
         code: MaskCode,
         tasks: Sequence[int],
-        kept: Sequence[Masked],
         factors: Sequence[int],
+        able: Sequence[int],
         exchange: Exchange,
     ) -> dict[int, np.ndarray]:
-        """The holders' shares of the buffer's weighted mask: {holder index: share}."""
-        config = {
-            wire.STAGE: wire.UNMASK,
-            wire.UPDATES: list(tasks),
-            wire.SENDERS: [k.client for k in kept],
-            wire.FACTORS: list(factors),
-            wire.MIN_CLIENTS: self.run.secagg_min_clients,
+        """The shares of the buffer's weighted mask from every holder that can give one:
+        {holder index: share}. Spare answers (more than U) let wrong ones be found."""
+        config = {wire.STAGE: wire.UNMASK, wire.UPDATES: list(tasks), wire.FACTORS: list(factors)}
+        requests = [self.request(j, config, {}) for j in able]
+        answers: dict[int, np.ndarray] = {}
+        for client, reply in exchange(requests, len(requests), self.run.secagg_timeout):
+            j = self.holders.index(client)
+            share = self.checked_share(j, client, reply, code)
+            if share is not None:
+                answers[j] = share
+        return answers
+
+    def code_config(self, code: MaskCode) -> dict[str, Any]:
+        return {
             wire.LENGTH: code.length,
             wire.HOLDERS: code.holders,
             wire.PRIVACY: code.privacy,
             wire.RECOVERY: code.recovery,
         }
-        # U holders first, starting where the last buffer stopped (the work spreads); the
-        # others only when fewer than U of those answered
-        first = self.counts.buffers % code.holders
-        order = [(first + k) % code.holders for k in range(code.holders)]
-        answers: dict[int, np.ndarray] = {}
-        for wave in (order[: code.recovery], order[code.recovery :]):
-            needed = code.recovery - len(answers)
-            if needed <= 0 or not wave:
-                break
-            requests = [self.request(j, config, tasks, kept) for j in wave]
-            for client, reply in exchange(requests, needed, self.run.secagg_timeout):
-                j = self.holders.index(client)
-                share = self.checked_share(j, client, reply, code)
-                if share is not None:
-                    answers[j] = share
-        return answers
 
-    def request(
-        self, j: int, config: dict[str, Any], tasks: Sequence[int], kept: Sequence[Masked]
-    ) -> Request:
-        sets = {wire.SET: self.holder_parts(j, tasks, kept)}
-        self.counts.bytes_out += sum(a.nbytes for a in sets[wire.SET].values())
+    def request(self, j: int, config: dict[str, Any], parts: dict[str, np.ndarray]) -> Request:
+        self.counts.bytes_out += sum(a.nbytes for a in parts.values())
+        sets = {wire.SET: parts} if parts else {}
         return self.holders[j], {**config, wire.HOLDER: j}, sets
+
+    def refused(self, j: int, client: int, why: str) -> None:
+        self.counts.refusals += 1
+        log.warning("secure aggregation: holder %d (client %d) did not answer: %s", j, client, why)
 
     def checked_share(self, j: int, client: int, reply: Reply, code: MaskCode) -> Any:
         """A holder's answer as field elements, or None (logged) when it gave none."""
         share = reply.sets.get(wire.SET, {}).get(wire.AGGREGATE)
         if reply.error_code is not None or share is None:
-            self.counts.refusals += 1
-            log.warning(
-                "secure aggregation: holder %d (client %d) did not give its share: %s",
-                j,
-                client,
-                reply.error or "no aggregate in its reply",
-            )
+            self.refused(j, client, f"no share: {reply.error or 'no aggregate in its reply'}")
             return None
         share = np.asarray(share)
         if share.shape != (code.share_length,) or not in_field(share):
@@ -389,6 +495,11 @@ class SecureAggregation:
         self.counts.bytes_in += share.nbytes
         return from_wire(share)
 
+    def drop(self, size: int, why: str) -> bool:
+        log.warning("secure aggregation: buffer of %d updates dropped: %s", size, why)
+        self.dropped()
+        return False
+
     def dropped(self) -> None:
         self.counts.buffers += 1
         self.counts.dropped += 1
@@ -402,12 +513,12 @@ class SecureAggregation:
             "secagg-recovery holders answer: check that the SuperNodes are up"
         )
 
-    @staticmethod
-    def holder_parts(holder: int, tasks: Sequence[int], kept: Sequence[Masked]) -> dict:
-        parts: dict[str, np.ndarray] = {}
-        for task, masked in zip(tasks, kept, strict=True):
-            parts[wire.update_share_name(task)] = masked.shares[holder]
-            parts[wire.update_key_name(task)] = np.frombuffer(masked.public_key, np.uint8)
+    def holder_parts(self, holder: int, tasks: Sequence[int], kept: dict[int, Masked]) -> dict:
+        """A check's array set for one holder: the roster's keys (which it compares with
+        those it pinned) and its sealed share of each update."""
+        parts: dict[str, np.ndarray] = wire.keys_array(self.keys)
+        for task in tasks:
+            parts[wire.update_share_name(task)] = kept[task].shares[holder]
         return parts
 
     def ready(self) -> MaskCode:
@@ -436,6 +547,8 @@ class SecureAggregation:
                 "buffers": counts.buffers,
                 "buffers_dropped": counts.dropped,
                 "holder_refusals": counts.refusals,
+                "wrong_answers": counts.wrong_answers,
+                "updates_dropped": counts.updates_dropped,
                 "bytes_in": counts.bytes_in,
                 "bytes_out": counts.bytes_out,
                 "unmask_seconds": round(counts.unmask_seconds, 3),

@@ -17,6 +17,7 @@ Points: beta_k = k (k = 1..U), alpha_j = U + j (j = 1..N), all distinct in F_p.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -126,3 +127,56 @@ class MaskCode:
         points = [self.alphas[j] for j in holders]
         decoder = lagrange(self.betas[: self.pieces], points, self.prime)
         return matmul(decoder, shares, self.prime).reshape(-1)[: self.length]
+
+
+class Disagreement(ValueError):
+    """The holders' answers do not fit one polynomial in a way that can be trusted."""
+
+
+def fits(code: MaskCode, holders: Sequence[int], shares: np.ndarray) -> bool:
+    """Whether answers of more than U holders lie on one polynomial of degree U - 1 (the
+    first U's interpolation, evaluated at the others' points, gives their answers)."""
+    base, rest = list(holders[: code.recovery]), list(holders[code.recovery :])
+    if not rest:
+        return True
+    points = [code.alphas[j] for j in base]
+    targets = [code.alphas[j] for j in rest]
+    predicted = matmul(lagrange(targets, points, code.prime), shares[: code.recovery], code.prime)
+    return bool(np.array_equal(predicted, shares[code.recovery :]))
+
+
+def decode_checked(
+    code: MaskCode, answers: dict[int, np.ndarray], combinations: int = 5000
+) -> tuple[np.ndarray, list[int]]:
+    """The mask from n > U holders' answers, and the holders whose answers do not fit.
+
+    Answers that fit one polynomial are searched excluding k = 0, 1, ... holders; the first
+    k at which exactly one choice leaves n - k >= U + 1 answers that fit is taken, and only
+    while k <= (n - U) / 2. Such a set is the true one whenever at most n - U - k answers
+    are wrong (a wrong set that fits would need U + 1 - (U - 1) = 2 or more wrong answers
+    agreeing with fewer than U honest ones): a lone wrong answer is always found and
+    excluded once n >= U + 2, and two or more only while they are few. Otherwise
+    Disagreement: the caller drops the buffer rather than release a sum it cannot trust."""
+    holders = sorted(answers)
+    n, u = len(holders), code.recovery
+    if n < u + 1:
+        raise Disagreement(f"{n} answers cannot be checked: at least {u + 1} are needed")
+    tried = 0
+    for k in range(0, (n - u) // 2 + 1):
+        if n - k < u + 1:
+            break
+        found: list[tuple[list[int], list[int]]] = []
+        for left_out in itertools.combinations(holders, k):
+            tried += 1
+            if tried > combinations:
+                raise Disagreement("too many answers disagree to search which are wrong")
+            kept = [j for j in holders if j not in left_out]
+            if fits(code, kept, np.stack([answers[j] for j in kept])):
+                found.append((kept, list(left_out)))
+        if len(found) == 1:
+            kept, wrong = found[0]
+            base = kept[:u]
+            return code.decode(base, np.stack([answers[j] for j in base])), wrong
+        if len(found) > 1:
+            raise Disagreement(f"{len(found)} different sets of answers fit: cannot tell which")
+    raise Disagreement(f"the {n} answers disagree, too few spare to tell which are wrong")

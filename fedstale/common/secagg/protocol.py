@@ -9,16 +9,26 @@ task config and the same named array set, "secagg", in both directions):
   instead of its model or delta, with its quantised delta plus a fresh random mask (field
   elements, `masked`), the mask's N shares each sealed for its holder (`share-<j>`), and
   its public key. Its metrics go unchanged.
-- unmask: to release a buffer, the server sends U (or more) holders one message each with
-  the buffer's updates (ids, senders, integer weights W_i) and, for this holder, each
-  update's sealed share and sender's key; a holder that has not answered for any of these
-  updates before, and sees at least `secagg-min-clients` distinct senders, replies with
-  sum_i W_i [z_i]_j (`aggregate`). Any U such replies give the buffer's mask.
+- check: to release a buffer, the server sends every holder its sealed share of each of
+  the buffer's updates (ids and senders). The holder opens each with the sender's key as
+  pinned at its first message (never a key the request names), keeps the opened shares
+  until the buffer's unmask, and says which opened (`opened`) and which did not (`failed`:
+  altered, replayed, sealed for another update, or from a sender it holds no key for). It
+  gives nothing of a mask yet.
+- unmask: the server asks the holders at which every share of the (possibly reduced)
+  buffer opened for sum_i W_i [z_i]_j (`aggregate`), naming the updates and their integer
+  weights W_i. A holder answers only under its own policy (`HolderPolicy`, set on the
+  client side, never by the request): every update held from the check, at least
+  `secagg-min-clients` distinct senders, every W_i within [ratio 2^g, 2^g] with the largest
+  2^g, and each update answered once, ever (claimed atomically: `claim`). Any U answers
+  give the buffer's mask; more than U let the server find answers that do not fit.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,7 +38,7 @@ from fedstale.common.secagg.field import Quantiser
 
 SET = "secagg"  # the named array set of every secure message, both ways
 STAGE = "secagg-stage"
-KEYS, MASK, UNMASK = "keys", "mask", "unmask"
+KEYS, MASK, CHECK, UNMASK = "keys", "mask", "check", "unmask"
 HOLDERS = "secagg-holders"  # N
 PRIVACY = "secagg-privacy"  # T
 RECOVERY = "secagg-recovery"  # U
@@ -40,13 +50,64 @@ UPDATE = "secagg-update"  # the id of the update a mask protects (the task id)
 SENDER = "secagg-sender"  # the holder index of the client that masks
 HOLDER = "secagg-holder"  # the holder index an unmask message asks
 UPDATES = "secagg-updates"  # unmask: the buffer's update ids
-SENDERS = "secagg-senders"  # unmask: their senders' holder indices
+SENDERS = "secagg-senders"  # check: their senders (client ids)
+ROSTER = "secagg-roster"  # the holders' client ids, in holder order (with their keys)
 FACTORS = "secagg-factors"  # unmask: the integer weights W_i, as field elements
 MIN_CLIENTS = "secagg-min-clients"
+MIN_WEIGHT_RATIO = "secagg-min-weight-ratio"
 LENGTH = "secagg-length"  # d
 PUBLIC_KEY = "public-key"
 MASKED = "masked"
 AGGREGATE = "aggregate"
+OPENED = "opened"  # check: the update ids whose shares opened at this holder
+FAILED = "failed"  # check: the update ids whose shares did not
+
+
+class Refused(ValueError):
+    """A holder will not give its share for this request."""
+
+
+@dataclass(frozen=True)
+class HolderPolicy:
+    """What a holder requires of an unmask request, set on the client's side (fedstale's
+    run config, or `secagg_mod`'s arguments), never taken from the request."""
+
+    min_clients: int = 2  # distinct senders in a buffer
+    min_weight_ratio: float = 1 / 16  # the smallest W_i over the largest
+    weight_bits: int = 10  # g: the largest W_i is 2^g
+
+    def refusal(self, senders: Sequence[int], factors: Sequence[int]) -> str:
+        """Why a holder refuses to answer for updates of `senders` weighed by `factors`
+        (integers as the request sends them), or "" when it answers."""
+        top, least = 2**self.weight_bits, self.least_factor
+        if len(set(senders)) < self.min_clients:
+            return (
+                f"a buffer of {len(set(senders))} client(s), fewer than secagg-min-clients "
+                f"{self.min_clients}: it would show one client's update"
+            )
+        if len(factors) != len(senders) or any(not least <= f <= top for f in factors):
+            return (
+                f"weights {sorted(set(factors))} outside [{least}, {top}] "
+                f"(secagg-min-weight-ratio {self.min_weight_ratio:g} of 2^{self.weight_bits}): "
+                "a weight that small, or zero in the field, would single out one update"
+            )
+        if max(factors) != top:
+            return f"the largest weight is {max(factors)}, not 2^{self.weight_bits}"
+        return ""
+
+    @property
+    def least_factor(self) -> int:
+        return max(1, math.ceil(self.min_weight_ratio * 2**self.weight_bits - 1e-9))
+
+    @classmethod
+    def of(cls, config: Mapping[str, Any]) -> HolderPolicy:
+        """The policy from a run config's keys (those absent keep their defaults)."""
+        default = cls()
+        return cls(
+            min_clients=int(config.get(MIN_CLIENTS, default.min_clients)),
+            min_weight_ratio=float(config.get(MIN_WEIGHT_RATIO, default.min_weight_ratio)),
+            weight_bits=int(config.get(WEIGHT_BITS, default.weight_bits)),
+        )
 
 
 def share_name(holder: int) -> str:

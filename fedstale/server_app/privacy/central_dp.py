@@ -54,6 +54,7 @@ from fedstale.server_app.privacy.ledger import (
 )
 from fedstale.server_app.privacy.noise import noise_source, replayable_stream
 from fedstale.server_app.privacy.stage import Verdict
+from fedstale.server_app.results import resume_folder
 from fedstale.strategies.base import Outcome, Strategy, Update
 from fedstale.strategies.privacy import LINEAR, Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
@@ -402,8 +403,11 @@ class CentralDP:
         }
 
     def state(self) -> dict[str, Any]:
-        """The ledger's place (its lines when in memory); the accountant is rebuilt from it."""
-        return {"releases": self.releases, "clipped": self.clipped, "ledger": self.book().state()}
+        """The ledger's place, lineage, length and head (its lines when in memory); the
+        accountant is rebuilt from it. The clipped count only where client values are kept
+        (how many updates were longer than C is data-dependent, and not noised)."""
+        state = {"releases": self.releases, "ledger": self.book().state()}
+        return {**state, "clipped": self.clipped} if self.keeps_client_values else state
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.clipped = state.get("clipped", 0)
@@ -411,7 +415,8 @@ class CentralDP:
             if self.noised:
                 raise ConfigError(PREDATES_LEDGER)
             return
-        self.ledger = Ledger.resumed(state["ledger"], self.name)
+        near = resume_folder(self.run.resume_from) if self.run.resume_from else None
+        self.ledger = Ledger.resumed(state["ledger"], self.name, near)
         with self.ledger.held() as lines:
             self.take_in(lines)
 

@@ -9,13 +9,20 @@ the checkpoint). The accountant of a resumed run is rebuilt from the ledger, nev
 checkpoint, and before each release it takes in what other branches appended since, under
 a lock held across check and append: two forks running at once share one budget.
 
-A line that does not parse can only be the last one a crash cut short before its flush
-returned, i.e. a release never sent: it is skipped with a warning.
+The ledger cannot be rewound unseen. Its first line names the lineage (a random id) and
+every line carries the SHA-256 of the line before it (`prev`): a line removed, inserted,
+reordered or edited breaks the chain at the next line. A checkpoint records the lineage,
+how many lines the ledger held and the hash of the last (its head); a resume or fork
+refuses, in one line, a ledger of another lineage, shorter than its checkpoint says, whose
+chain is broken anywhere, or whose line at the checkpoint's count is not the head it
+recorded. Only a torn last line (no newline: a crash during the write, so a release whose
+flush never returned, never sent) is tolerated: said, and cut off before the next append.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import logging
 import os
@@ -30,6 +37,7 @@ from fedstale.common.config import ConfigError
 log = logging.getLogger("fedstale")
 LEDGER_FILE = "privacy-ledger.jsonl"
 RELEASE = "release"  # a model this lineage released
+LINEAGE = "lineage"  # the first line: the lineage's random id
 PRIOR = "accountant"  # an event the accountant held when the lineage began (library door)
 EVENT_FIELDS = ("noise_multiplier", "sample_size", "population_size")
 
@@ -45,50 +53,111 @@ def entry(origin: str, run: str, version: int, event: Any) -> dict[str, Any]:
     }
 
 
+class LedgerError(ConfigError):
+    """A ledger that was rewound, edited or is not this lineage's: nothing is released."""
+
+
+def line_hash(raw: bytes) -> str:
+    return hashlib.sha256(raw).hexdigest()
+
+
 class Ledger:
-    """Append-only list of releases, on disk (`path`) or, for an engine built without a run
-    folder (unit tests, benches), in memory. Each reader sees every line once: `held`
-    gives the lines written since it last looked (by anyone)."""
+    """Append-only, hash-chained list of releases, on disk (`path`) or, for an engine built
+    without a run folder (unit tests, benches), in memory. Each reader sees every line
+    once: `held` gives the lines written since it last looked (by anyone), checked."""
 
     def __init__(self, path: Path | None = None, run: str = "") -> None:
         self.path = path
         self.run = run
         self.kept: list[dict[str, Any]] = []  # the in-memory ledger
         self.seen = 0  # lines (in memory) or bytes (on disk) this reader has taken in
+        self.count = 0  # lines read (on disk), the lineage line included
+        self.head = ""  # the hash of the last line read
+        self.lineage = ""
+        self.torn = 0  # bytes of a torn last line, cut off before the next append
         self._handle: IO[bytes] | None = None
 
     @classmethod
     def at(cls, path: Path, run: str) -> Ledger:
-        """The file ledger at `path` (created empty if it is not there)."""
+        """The file ledger at `path`: a new lineage's when the file is absent or empty."""
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(exist_ok=True)
-        return cls(path.resolve(), run)
+        ledger = cls(path.resolve(), run)
+        with ledger.held():
+            if not ledger.count:
+                ledger.append({"origin": LINEAGE, "lineage": os.urandom(16).hex(), "run": run})
+        return cls(path.resolve(), run)  # a reader that has seen nothing yet
 
     @classmethod
-    def resumed(cls, state: dict[str, Any], run: str) -> Ledger:
-        """The ledger a checkpoint names, or one ConfigError line when it is gone."""
+    def resumed(cls, state: dict[str, Any], run: str, near: Path | None = None) -> Ledger:
+        """The ledger a checkpoint names, checked against what the checkpoint recorded; if
+        that path now holds another lineage (the folder was overwritten), the checkpoint's
+        own folder's ledger when it is the lineage's. One LedgerError line otherwise."""
         if "path" not in state:
             ledger = cls(None, run)
             ledger.kept = [dict(line) for line in state.get("entries", [])]
             return ledger
-        path = Path(state["path"])
-        if not path.is_file():
-            raise ConfigError(
-                f"resume-from: the privacy ledger of this run's lineage, {path}, is missing: "
-                "the releases it recorded cannot be counted; restore it, or start a new run"
+        if "lineage" not in state:
+            raise LedgerError(
+                f"resume-from: the checkpoint predates the chained privacy ledger "
+                f"({state['path']}): its releases cannot be checked; start a new run"
             )
-        return cls(path, run)
+        candidates = [Path(state["path"])]
+        if near is not None and (near / LEDGER_FILE).resolve() != candidates[0].resolve():
+            candidates.append(near / LEDGER_FILE)
+        problems = []
+        for path in candidates:
+            if not path.is_file():
+                problems.append(f"{path} is missing")
+                continue
+            ledger = cls(path.resolve(), run)
+            try:
+                ledger.verify(state)
+            except LedgerError as err:
+                problems.append(str(err))
+                continue
+            if path != candidates[0]:
+                log.warning("privacy ledger: %s holds another lineage; using %s", *candidates)
+            return cls(path.resolve(), run)  # read again, from its first line, by the run
+        raise LedgerError(
+            f"resume-from: the privacy ledger of this run's lineage cannot be trusted: "
+            f"{'; '.join(problems)}; restore it, or start a new run"
+        )
+
+    def verify(self, state: dict[str, Any]) -> None:
+        """The whole file read and chained; its lineage and its line at the checkpoint's
+        count are the checkpoint's."""
+        heads: dict[int, str] = {}
+        with self.held(heads=heads):
+            pass
+        lines = int(state["lines"])
+        if self.count < lines:
+            raise LedgerError(
+                f"{self.path} holds {self.count} lines, the checkpoint counted {lines} "
+                "(lines were removed)"
+            )
+        if self.lineage != state["lineage"]:
+            raise LedgerError(f"{self.path} is another lineage's ledger ({self.lineage or 'none'})")
+        if heads.get(lines) != state["head"]:
+            raise LedgerError(f"{self.path}: line {lines} is not the one the checkpoint recorded")
 
     def state(self) -> dict[str, Any]:
-        """What a checkpoint keeps: the file's path (the entries when held in memory)."""
+        """What a checkpoint keeps: the file's path, lineage, line count and head (the
+        entries when held in memory)."""
         if self.path is None:
             return {"entries": [dict(line) for line in self.kept]}
-        return {"path": str(self.path)}
+        return {
+            "path": str(self.path),
+            "lineage": self.lineage,
+            "lines": self.count,
+            "head": self.head,
+        }
 
     @contextmanager
-    def held(self) -> Iterator[list[dict[str, Any]]]:
-        """The lines written since this reader last looked, with the ledger locked against
-        other writers until the block ends (appends inside it reach the disk at once)."""
+    def held(self, heads: dict[int, str] | None = None) -> Iterator[list[dict[str, Any]]]:
+        """The release lines written since this reader last looked, checked against the
+        chain, with the ledger locked against other writers until the block ends (appends
+        inside it reach the disk at once). `heads` gets each line's hash by its number."""
         if self.path is None:
             new, self.seen = self.kept[self.seen :], len(self.kept)
             yield new
@@ -98,16 +167,59 @@ class Ledger:
             self._handle = handle
             try:
                 handle.seek(self.seen)
-                text = handle.read()
-                self.seen += len(text)
-                yield parsed(text.decode("utf-8", errors="replace"), self.path)
+                yield self.chained(handle.read(), heads)
             finally:
                 self._handle = None
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
+    def chained(self, data: bytes, heads: dict[int, str] | None) -> list[dict[str, Any]]:
+        """The complete lines of `data` (read from `seen` on), each checked to follow the
+        one before; a last line without its newline is a torn write (LedgerError for any
+        other damage)."""
+        lines = []
+        complete, _, rest = data.rpartition(b"\n")
+        body = complete + b"\n" if complete or data.startswith(b"\n") else b""
+        self.torn = len(rest)
+        if rest:
+            log.warning(
+                "privacy ledger %s: its last line was cut short by a crash (a release whose "
+                "write never returned, never sent): it will be cut off",
+                self.path,
+            )
+        for raw in body.splitlines():
+            self.count += 1
+            line = self.link(raw)
+            if heads is not None:
+                heads[self.count] = self.head
+            if line.get("origin") != LINEAGE:
+                lines.append(line)
+        self.seen += len(body)
+        return lines
+
+    def link(self, raw: bytes) -> dict[str, Any]:
+        try:
+            line = json.loads(raw)
+            if line.get("origin") != LINEAGE:
+                _ = [line[name] for name in EVENT_FIELDS]
+        except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
+            raise LedgerError(
+                f"{self.path}: line {self.count} is not a ledger line (edited or damaged)"
+            ) from None
+        if line.get("prev", "") != self.head:
+            raise LedgerError(
+                f"{self.path}: line {self.count} does not follow line {self.count - 1} "
+                "(lines removed, inserted or edited)"
+            )
+        if self.count == 1:
+            if line.get("origin") != LINEAGE:
+                raise LedgerError(f"{self.path}: its first line names no lineage")
+            self.lineage = str(line["lineage"])
+        self.head = line_hash(raw)
+        return line
+
     def append(self, line: dict[str, Any]) -> None:
-        """Write one line and flush it to the disk (inside `held` for a file ledger); this
-        reader has seen it."""
+        """Chain one line to the last and flush it to the disk (inside `held` for a file
+        ledger); this reader has seen it."""
         if self.path is None:
             self.kept.append(line)
             self.seen = len(self.kept)
@@ -115,36 +227,24 @@ class Ledger:
         handle = self._handle
         if handle is None:
             raise RuntimeError("a file ledger is appended to inside held()")
+        if self.torn:  # the torn tail of a crashed write: never a release that was sent
+            handle.truncate(self.seen)
+            self.torn = 0
+        raw = json.dumps({**line, "prev": self.head}, sort_keys=True).encode("utf-8")
         handle.seek(0, os.SEEK_END)
-        end = handle.tell()
-        if end:
-            handle.seek(end - 1)
-            if handle.read(1) != b"\n":
-                handle.write(b"\n")  # after a line a crash cut short
-        handle.write((json.dumps(line, sort_keys=True) + "\n").encode("utf-8"))
+        handle.write(raw + b"\n")
         handle.flush()
         os.fsync(handle.fileno())
+        self.count += 1
+        self.head = line_hash(raw)
+        if self.count == 1:
+            self.lineage = str(line["lineage"])
         self.seen = handle.tell()
 
     def entries(self) -> list[dict[str, Any]]:
         """The lines this reader has not taken in yet (a new reader: all of them)."""
         with self.held() as lines:
             return lines
-
-
-def parsed(text: str, path: Path) -> list[dict[str, Any]]:
-    lines = []
-    for number, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = json.loads(raw)
-            _ = [line[name] for name in EVENT_FIELDS]
-        except (json.JSONDecodeError, KeyError, TypeError):
-            log.warning("privacy ledger %s: line %d cut short by a crash, never sent", path, number)
-            continue
-        lines.append(line)
-    return lines
 
 
 def releases(lines: list[dict[str, Any]]) -> int:
