@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
 import time
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -396,6 +399,48 @@ def test_no_checkpoint_holds_a_model_from_which_a_release_noise_follows(
 
 
 # ---------------------------------------------------------------- private by default
+def values_in(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every leaf of a checkpoint's state, with where it lies."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            yield from values_in(inner, f"{path}/{key}")
+    elif isinstance(value, (list, tuple, set, deque)):
+        for index, inner in enumerate(value):
+            yield from values_in(inner, f"{path}[{index}]")
+    else:
+        yield path, value
+
+
+@pytest.mark.parametrize("strategy", ["fedpsa", "fedbuff", "safl-fedsgd", "fedavg"])
+def test_under_dp_a_checkpoint_holds_no_per_client_value_unless_kept(
+    tmp_path: Path, strategy: str
+) -> None:
+    """checkpoint.pkl scanned leaf by leaf: with noise it holds the released model, the
+    public schedule and counts, the ledger's place; no norm (FedPSA's queue and m0), no
+    clipped count, no update not yet released. With dp-client-values=keep they are there
+    (the scan bites)."""
+    noise = {**DP, "strategy": strategy, "checkpoint-every": 1, "max-versions": 12}
+    if strategy == "fedpsa":
+        noise["fedpsa-queue"] = 4  # m0 is set after 4 updates
+    omitted = set()
+    for values in ("auto", "keep"):
+        run(tmp_path, values, **noise, **{"dp-client-values": values})
+        with (tmp_path / values / "checkpoint.pkl").open("rb") as handle:
+            saved = pickle.load(handle)
+        leaves = dict(values_in({"engine": saved.engine_state, "rule": saved.strategy_state}))
+        names = {path.rsplit("/", 1)[-1].split("[")[0] for path in leaves}
+        private = {"queue", "m0", "clipped", "buffer", "received", "fifo", "newest"} & names
+        if values == "auto":
+            assert not private, private
+            omitted = names
+            arrays = [v for v in leaves.values() if isinstance(v, np.ndarray) and v.size > 100]
+            released = saved.strategy_state["model"]
+            assert all(a is released or a.shape == released.shape for a in arrays)
+        else:
+            assert private and "clipped" in private
+            assert private.isdisjoint(omitted)
+
+
 def test_with_noise_values_outside_the_guarantee_are_left_out_unless_kept(tmp_path: Path) -> None:
     noise = {**DP, "strategy": "fedpsa", "max-versions": 3}
     summary, _ = run(tmp_path, "auto", **noise)

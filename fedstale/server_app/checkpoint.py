@@ -52,7 +52,7 @@ def snapshot(engine: Engine, run_dir: Path, metric_rows: int, update_rows: int) 
         run_dir=str(run_dir),
         engine_state=engine.state(),
         clock_state=engine.clock.state(),
-        strategy_state=state_of(engine.strategy),
+        strategy_state=state_of(engine.strategy, engine.privacy.keeps_client_values),
         in_flight=sorted(t.client for t in engine.tasks.values()),
         metric_rows=metric_rows,
         update_rows=update_rows,

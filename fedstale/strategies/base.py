@@ -215,6 +215,9 @@ class Strategy(ABC, Generic[P]):
     returns: ClassVar[str] = RETURN_DELTA
     client_rules: ClassVar[tuple[ClientRule, ...]] = ()  # what each task asks of the client
     kept: ClassVar[tuple[str, ...]] = ()  # attributes a checkpoint keeps beside the model
+    # those of `kept` that hold only released models and the public schedule: under DP
+    # (client values omitted) a checkpoint keeps these alone, the others start afresh
+    public: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -322,15 +325,20 @@ def evaluates(strategy: Strategy[Any] | type[Strategy[Any]]) -> str:
     return EVAL_PER_CLIENT if issubclass(cls, PerClientModels) else EVAL_GLOBAL
 
 
-def state_of(strategy: Strategy[Any]) -> dict[str, Any]:
+def state_of(strategy: Strategy[Any], client_values: bool = True) -> dict[str, Any]:
     """Everything a rule needs to go on after a restart (picklable): the model and the
-    attributes its `kept` names. What `bind` gave is bound again on resume."""
-    return {"model": strategy.model, **{name: getattr(strategy, name) for name in strategy.kept}}
+    attributes its `kept` names; without `client_values` (DP), only its `public` ones: no
+    update not yet released, no norm or signal of a client. What `bind` gave is bound
+    again on resume."""
+    names = strategy.kept if client_values else strategy.public
+    return {"model": strategy.model, **{name: getattr(strategy, name) for name in names}}
 
 
 def load_state(strategy: Strategy[Any], state: dict[str, Any]) -> None:
+    """Put back what `state_of` kept; an attribute it left out keeps its fresh value."""
     for name in ("model", *strategy.kept):
-        setattr(strategy, name, state[name])
+        if name in state:
+            setattr(strategy, name, state[name])
 
 
 def pick_uniform(

@@ -35,6 +35,7 @@ class FedAvg(Strategy):
     name = "fedavg"
     returns = RETURN_MODEL
     kept = ("dispatched", "received")
+    public = ("dispatched",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -255,6 +255,7 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
     name = "fedpsa"
     client_rules = (SensitivitySketch(),)
     kept = ("buffer", "queue", "m0", "calib_holders", "history")
+    public = ("calib_holders", "history")  # who was sent the batch; released models
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

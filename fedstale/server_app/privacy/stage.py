@@ -53,10 +53,15 @@ class PrivacyStage(Protocol):
 
     def state(self) -> dict[str, Any]: ...
 
+    @property
+    def keeps_client_values(self) -> bool:
+        """Whether checkpoints and outputs may hold per-client, data-dependent values."""
+
     def load_state(self, state: dict[str, Any]) -> None: ...
 
 
 class NoPrivacy:
+    keeps_client_values = True
     """DP off: every update as it came, every model released as the rule made it."""
 
     def task_entries(self) -> dict[str, Any]:
