@@ -9,8 +9,10 @@ FedBuff and FedAsync under central DP.
 
 The game. Of the run's clients, `--canaries` are canaries: each gets a random direction u_i
 (a unit vector of the model's dimension) and a fair coin. A canary whose coin says "in"
-returns C u_i as its update's delta on every task (C: dp-clipping-norm); one whose coin
-says "out" returns a zero delta: the zero-out relation the accountant charges for. The
+returns C u_i as its first update's delta (C: dp-clipping-norm); one whose coin says "out"
+returns a zero delta: the zero-out relation the accountant charges for. A canary's later
+updates are zero in both worlds, so only its first update's release depends on the coin,
+and the epsilon claimed for it is that release's Gaussian mechanism alone. The
 other clients train on their Fashion-MNIST partitions as usual. Each run goes through
 fedstale's own door (the engine, the rule, the privacy stage, the in-process transport)
 with its defaults; only the canaries' replies are replaced.
@@ -49,6 +51,8 @@ import math
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,6 +118,7 @@ class Canaries:
     norm: float
     models: dict[int, np.ndarray] = field(default_factory=dict)  # version -> released model
     tasks: dict[int, tuple[int, int]] = field(default_factory=dict)  # task -> (client, base)
+    first: dict[int, int] = field(default_factory=dict)  # canary -> the task carrying its coin
     returns: str = ""
 
     @classmethod
@@ -123,8 +128,11 @@ class Canaries:
         directions /= np.linalg.norm(directions, axis=1, keepdims=True)
         return cls(count, directions, rng.random(count) < 0.5, norm)
 
-    def delta_of(self, client: int) -> np.ndarray:
-        return self.norm * self.inside[client] * self.directions[client]
+    def delta_of(self, client: int, task: int) -> np.ndarray:
+        """C u_i or zero by the coin on the canary's first task; zero on any later one, in
+        both worlds (so only the first update's releases depend on the coin)."""
+        first = self.first.setdefault(client, task)
+        return self.norm * (self.inside[client] and task == first) * self.directions[client]
 
 
 class CanaryTransport(InProcessTransport):
@@ -150,7 +158,7 @@ class CanaryTransport(InProcessTransport):
         if partition >= canaries.count:
             return
         reply = self.replies[msg_id]
-        delta = canaries.delta_of(partition)
+        delta = canaries.delta_of(partition, int(config[TaskKeys.TASK_ID]))
         vector = start + delta if canaries.returns == RETURN_MODEL else delta
         reply.arrays = self.layout.unflatten(vector.astype(np.float32))
 
@@ -169,26 +177,34 @@ def releases_of(rows: list[dict[str, Any]], canaries: Canaries) -> dict[int, lis
     return releases
 
 
+def claimed_sigma(rows: list[dict[str, Any]], norm: float, z: float) -> float:
+    """The noise deviation the run claims for one release, recomputed here from the public
+    schedule and the documented rule (docs/privacy.md, The accounting), not with
+    fedstale's own function: z C times the largest sum, over the release's clients, of one
+    client's |weights|."""
+    per_client: dict[int, float] = defaultdict(float)
+    for row in rows:
+        per_client[int(row["client"])] += abs(float(row["weight"]))
+    return z * norm * max(per_client.values())
+
+
 def scores(
     releases: dict[int, list[dict]], canaries: Canaries, z: float
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each canary's summed log-likelihood ratio, and its summed (w C / sigma)^2 (the
-    square of its Gaussian mechanisms' mu over the releases it joined)."""
-    from fedstale.strategies.privacy import LINEAR, release_sensitivity
-
+    square of its Gaussian mechanisms' mu over the releases it joined), at the claimed
+    sigma of each release."""
     total, mu2 = np.zeros(canaries.count), np.zeros(canaries.count)
     models, norm = canaries.models, canaries.norm
     for version, rows in releases.items():
         if version not in models or version - 1 not in models:
             continue  # the run's last release: no task carried it
-        weights = [float(r["weight"]) for r in rows]
-        clients = [int(r["client"]) for r in rows]
-        sigma = z * release_sensitivity(LINEAR, weights, norm, clients)
+        sigma = claimed_sigma(rows, norm, z)
         change = models[version] - models[version - 1]
         for row in rows:
             client = int(row["client"])
-            if client >= canaries.count:
-                continue
+            if client >= canaries.count or canaries.first.get(client) != int(row["task"]):
+                continue  # an honest client, or a canary's later update (zero either way)
             weight = float(row["weight"])
             seen = change
             if canaries.returns == RETURN_MODEL:  # less the public pull towards its base
@@ -209,19 +225,39 @@ def guessed(total: np.ndarray, inside: np.ndarray, guesses: int) -> tuple[int, i
 
 
 def per_client_epsilon(mu2: float, delta: float) -> float:
-    """The epsilon of one Gaussian mechanism of that mu (the canary's releases composed),
-    by the same PLD accountant the runs can use."""
-    from fedstale.server_app.privacy.accounting import (
-        AccountingConfig,
-        GaussianRelease,
-        PldAccountant,
-    )
+    """The epsilon the run claims for one canary: its releases' Gaussian mechanisms (at the
+    claimed sigmas) compose exactly into one Gaussian of mu = sqrt(sum mu_i^2) (Dong, Roth
+    and Su 2019), whose epsilon at `delta` comes from dp_accounting's PLD accountant,
+    called directly (not through fedstale's accounting)."""
+    import dp_accounting
+    from dp_accounting.pld import PLDAccountant
 
     if mu2 <= 0:
         return 0.0
-    accountant = PldAccountant(AccountingConfig(delta, 1))
-    accountant.compose(GaussianRelease(1.0 / math.sqrt(mu2), 1, 1))
-    return accountant.get_epsilon(delta)
+    accountant = PLDAccountant()
+    accountant.compose(dp_accounting.GaussianDpEvent(1.0 / math.sqrt(mu2)))
+    return float(accountant.get_epsilon(delta))
+
+
+@contextmanager
+def under_noised(scale: float) -> Iterator[None]:
+    """A planted bug for the audit to find: every release noised with `scale` times the
+    deviation the accountant charges for (1: the honest run)."""
+    from fedstale.server_app.privacy import central_dp
+
+    honest = central_dp.noised
+    if scale == 1.0:
+        yield
+        return
+
+    def planted(change: np.ndarray, z: float, sensitivity: float, rng: Any) -> np.ndarray:
+        return honest(change, z, sensitivity * scale, rng)
+
+    central_dp.noised = planted
+    try:
+        yield
+    finally:
+        central_dp.noised = honest
 
 
 # ---------------------------------------------------------------- one run
@@ -232,10 +268,12 @@ class Cell:
     rule: str
     noise: float
     seed: int
+    planted: float = 1.0  # the noise actually added, as a share of the claimed
 
     @property
     def name(self) -> str:
-        return f"{self.rule}-z{self.noise:g}-s{self.seed}"
+        bug = "" if self.planted == 1.0 else f"-planted{self.planted:g}"
+        return f"{self.rule}-z{self.noise:g}-s{self.seed}{bug}"
 
 
 def audit(cell: Cell, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
@@ -262,26 +300,36 @@ def audit(cell: Cell, args: argparse.Namespace, runs: Path) -> dict[str, Any]:
         "runs-dir": str(runs),
         "run-name": cell.name,
     }
+    if getattr(args, "noise_seed", None) is not None:  # replayable noise: tests only
+        values["dp-noise-seed"] = args.noise_seed
     run, params = load_config(values)
     transport = CanaryTransport(run, args.canaries, cell.seed)
-    summary = run_experiment(run, params, transport)
+    with under_noised(cell.planted):
+        summary = run_experiment(run, params, transport)
     canaries = transport.canaries
     rows = jsonl(runs / cell.name / "updates.jsonl")
     total, mu2 = scores(releases_of(rows, canaries), canaries, cell.noise)
     made, right = guessed(total, canaries.inside, args.guesses)
     delta = run.dp_target_delta
+    audit_epsilon = lower_bound(args.canaries, made, right, delta)
+    claimed = per_client_epsilon(float(np.max(mu2)), delta)
     return {
         "cell": cell.name,
         "rule": cell.rule,
         "z": cell.noise,
         "seed": cell.seed,
+        "planted": cell.planted,
         "canaries": args.canaries,
+        "honest": args.honest,
+        "participations": args.participations,
         "releases": summary["versions"],
         "guesses": made,
         "correct": right,
-        "audit_epsilon": lower_bound(args.canaries, made, right, delta),
-        "canary_epsilon": per_client_epsilon(float(np.max(mu2)), delta),
+        "audit_epsilon": audit_epsilon,
+        "reachable": lower_bound(args.canaries, made, made, delta),
+        "canary_epsilon": claimed,
         "accountant_epsilon": float(summary["privacy"]["epsilon"]),
+        "verdict": "VIOLATION" if audit_epsilon > claimed else "consistent",
         "delta": delta,
     }
 
@@ -294,9 +342,9 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    cells: dict[tuple[str, float], list[dict]] = defaultdict(list)
+    cells: dict[tuple[str, float, float], list[dict]] = defaultdict(list)
     for row in rows:
-        cells[(row["rule"], row["z"])].append(row)
+        cells[(row["rule"], row["z"], row.get("planted", 1.0))].append(row)
 
     def spread(values: list[float]) -> str:
         if len(values) == 1 or min(values) == max(values):
@@ -304,28 +352,41 @@ def table(rows: list[dict[str, Any]]) -> str:
         return f"{statistics.mean(values):.2f} [{min(values):.2f}-{max(values):.2f}]"
 
     lines = [
-        "| rule | z | seeds | releases | guesses right | audit lower bound | "
-        "epsilon of one canary's releases | accountant's epsilon |",
-        "| --- | ---: | ---: | ---: | --- | --- | --- | --- |",
+        "| rule | z | noise added | seeds | releases | guesses right | audit lower bound | "
+        "largest bound these guesses can give | claimed epsilon of one canary | "
+        "accountant's epsilon | verdict |",
+        "| --- | ---: | --- | ---: | ---: | --- | --- | --- | --- | --- | --- |",
     ]
-    for (rule, z), group in sorted(cells.items()):
+    for (rule, z, planted), group in sorted(cells.items()):
         right = ", ".join(f"{r['correct']}/{r['guesses']}" for r in group)
+        added = "as claimed" if planted == 1.0 else f"{planted:g} x claimed (planted bug)"
+        verdicts = sorted({r.get("verdict", "") for r in group})
         lines.append(
-            f"| {rule} | {z:g} | {len(group)} | {group[0]['releases']} | {right} | "
+            f"| {rule} | {z:g} | {added} | {len(group)} | {group[0]['releases']} | {right} | "
             f"{spread([r['audit_epsilon'] for r in group])} | "
+            f"{spread([r.get('reachable', float('nan')) for r in group])} | "
             f"{spread([r['canary_epsilon'] for r in group])} | "
-            f"{spread([r['accountant_epsilon'] for r in group])} |"
+            f"{spread([r['accountant_epsilon'] for r in group])} | {', '.join(verdicts)} |"
         )
     return "\n".join(lines)
+
+
+def same_protocol(row: dict[str, Any], args: argparse.Namespace) -> bool:
+    """Whether a recorded row was run with these canaries, clients and guesses."""
+    shape = (row["canaries"], row.get("honest"), row.get("participations"), row["guesses"])
+    return shape == (args.canaries, args.honest, args.participations, 2 * args.guesses)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--canaries", type=int, default=1000)
     parser.add_argument("--honest", type=int, default=500)
-    parser.add_argument("--participations", type=int, default=2, help="updates per client")
-    parser.add_argument("--guesses", type=int, default=100, help="each way: in and out")
-    parser.add_argument("--noise", default="0.5,1,2")
+    parser.add_argument("--participations", type=int, default=1, help="updates per client")
+    parser.add_argument("--guesses", type=int, default=150, help="each way: in and out")
+    parser.add_argument("--noise", default="2,4")
+    parser.add_argument(
+        "--planted", default="1,0.25", help="noise added as shares of the claimed; <1: a bug"
+    )
     parser.add_argument("--rules", default="fedbuff,fedasync")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--dataset", default="fmnist")
@@ -344,12 +405,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.report:
         cells = [
-            Cell(rule, float(z), seed)
+            Cell(rule, float(z), seed, float(planted))
             for seed in range(args.seeds)
             for rule in args.rules.split(",")
             for z in args.noise.split(",")
+            for planted in args.planted.split(",")
         ]
-        finished = {row["cell"] for row in done}
+        finished = {row["cell"] for row in done if same_protocol(row, args)}
         for cell in cells:
             if cell.name in finished:
                 continue
@@ -359,11 +421,12 @@ def main(argv: list[str] | None = None) -> int:
                 out.write(json.dumps(row) + "\n")
             print(
                 f"{cell.name}: {row['correct']}/{row['guesses']} right, audit epsilon >= "
-                f"{row['audit_epsilon']:.2f}; one canary's releases "
-                f"{row['canary_epsilon']:.2f}; accountant {row['accountant_epsilon']:.2f}",
+                f"{row['audit_epsilon']:.2f} (at most {row['reachable']:.2f}); claimed for "
+                f"one canary {row['canary_epsilon']:.2f}; accountant "
+                f"{row['accountant_epsilon']:.2f}: {row['verdict']}",
                 flush=True,
             )
-    text = table(done)
+    text = table([row for row in done if same_protocol(row, args)])
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     return 0
