@@ -37,7 +37,7 @@ def test_the_audit_flags_a_planted_under_noising_bug_and_passes_the_honest_run(
     to 3.95). The honest run's bound stays under the claim; the same run with a quarter of
     the claimed noise (a planted bug) passes it: VIOLATION. The noise is replayable here
     (dp-noise-seed) so that the test gives the same count every time: measured, the honest
-    run 102/160 right (bound 0.28), the planted 153/160 (2.43) for FedBuff."""
+    run 98/160 right (bound 0.18), the planted 150/160 (2.15) for FedBuff."""
     options = argparse.Namespace(
         canaries=600,
         honest=20,
