@@ -673,3 +673,29 @@ def test_a_holders_share_out_of_range_is_ignored_with_one_line(
     good = Reply("c", sets={wire.SET: {wire.AGGREGATE: np.ones(code.share_length, np.uint32)}})
     assert stage.checked_share(2, 2, good, code) is not None
     assert caplog.text.count("sent a share of shape") == 2
+
+
+def test_a_clientapp_without_the_mod_is_named_in_one_line_and_the_run_stops(
+    tmp_path: Path,
+) -> None:
+    """secure-aggregation on, but the clients' train function without the client half (on
+    `--local`'s worker process, where a client's exception is its error reply, as in
+    Flower): the key request reaches it and fails on every node; the run stops before any
+    task, its one line naming the mod to add."""
+    from fedstale.client_app.task import train_task
+    from fedstale.launcher import local
+    from fedstale.server_app.engine import EngineError
+
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "nomod", "max-versions": 2}
+    )
+    with (
+        pytest.MonkeyPatch.context() as patch,
+        pytest.raises(EngineError) as raised,
+    ):
+        patch.setattr(local, "trainer_for", lambda run: train_task)  # the mod forgotten
+        with local.pooled_transport(run, 1) as transport:
+            run_experiment(run, params, transport)
+    line = str(raised.value)
+    assert "\n" not in line and "none of the 6 ClientApps that replied sent a key" in line
+    assert "add fedstale.secagg_mod() to the ClientApp's train handler" in line
