@@ -17,7 +17,7 @@ defaults). Per update:
   buffer, the shares and keys sent to the holders and their answers, divided by the
   updates (summary.json's counts);
 - client seconds: the train function alone, and what masking adds (quantise, mask, encode,
-  seal) and a holder's answer;
+  seal), a holder's check of the shares it is sent (open each) and its answer;
 - server seconds: the engine's time per update (summary.json `engine_seconds`, less the
   clients' work it ran in process), of which unmasking.
 
@@ -55,10 +55,11 @@ FLOAT_BYTES = 4
 
 @dataclass
 class ClientClock:
-    """Client seconds, split: training, masking, answering as a holder."""
+    """Client seconds, split: training, masking, checking shares and answering as a holder."""
 
     train: float = 0.0
     mask: float = 0.0
+    check: float = 0.0
     answer: float = 0.0
 
 
@@ -85,6 +86,8 @@ class TimedClients(InProcessTransport):
         spent = time.perf_counter() - start - (clock.train - before)
         if stage == wire.UNMASK:
             clock.answer += spent
+        elif stage == wire.CHECK:
+            clock.check += spent
         else:
             clock.mask += spent
         return out
@@ -119,7 +122,8 @@ def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> 
     updates = summary["updates_accepted"]
     size = model_size(args)
     clock = transport.clock  # in process the engine's seconds include the clients' work
-    engine = sum(summary["engine_seconds"].values()) - clock.train - clock.mask - clock.answer
+    holders = clock.check + clock.answer
+    engine = sum(summary["engine_seconds"].values()) - clock.train - clock.mask - holders
     secure_counts = summary.get("secure_aggregation", {})
     plain_bytes = 2 * size * FLOAT_BYTES  # the model down, the delta up
     wire_bytes = (
@@ -138,10 +142,11 @@ def one_run(clients: int, secure: bool, args: argparse.Namespace, out: Path) -> 
         "bytes_per_update": wire_bytes,
         "client_train_ms": 1e3 * transport.clock.train / updates,
         "client_mask_ms": 1e3 * transport.clock.mask / updates,
+        "client_check_ms": 1e3 * transport.clock.check / updates,
         "client_answer_ms": 1e3 * transport.clock.answer / updates,
         "server_ms": 1e3 * engine / updates,
         # in process the unmask round includes the holders' answers: the server's share only
-        "unmask_ms": 1e3 * (secure_counts.get("unmask_seconds", 0.0) - clock.answer) / updates,
+        "unmask_ms": 1e3 * (secure_counts.get("unmask_seconds", 0.0) - holders) / updates,
         "wall_ms": 1e3 * wall / updates,
         "error_bound": secure_counts.get("error_bound_max", 0.0),
         "recovery": secure_counts.get("recovery_threshold"),
@@ -204,6 +209,7 @@ def model_size(args: argparse.Namespace) -> int:
 LOCAL_COLUMNS = (
     ("client train ms", lambda r, ref: f"{r['client_train_ms']:.2f}"),
     ("client mask ms", lambda r, ref: f"{r['client_mask_ms']:.2f}"),
+    ("holder check ms", lambda r, ref: f"{r.get('client_check_ms', 0.0):.2f}"),
     ("holder answer ms", lambda r, ref: f"{r['client_answer_ms']:.2f}"),
     ("server ms (of which unmask)", lambda r, ref: f"{r['server_ms']:.2f} ({r['unmask_ms']:.2f})"),
 )

@@ -55,12 +55,14 @@ class Watched(InProcessTransport):
         wrong: frozenset[int] = frozenset(),
         garbage: frozenset[int] = frozenset(),
         replay: frozenset[int] = frozenset(),
+        garbled_for: frozenset[int] = frozenset(range(64)),
     ) -> None:
         super().__init__(run, self.capture(trainer_for(run)), evaluate_task)
         self.deltas: dict[int, np.ndarray] = {}
         self.received: list[Any] = []
         self.silent, self.corrupt, self.wrong = silent, corrupt, wrong
         self.garbage, self.replay = garbage, replay  # clients whose shares are bad
+        self.garbled_for = garbled_for  # the holders whose shares from them are bad
         self.first_shares: dict[int, dict[str, np.ndarray]] = {}  # client: its first update's
         self.sender: dict[str, int] = {}  # msg id: the client it went to
 
@@ -116,6 +118,8 @@ class Watched(InProcessTransport):
         names = [name for name in parts if name.startswith("share-")]
         first = self.first_shares.setdefault(client, {n: parts[n].copy() for n in names})
         for name in names:
+            if int(name.rsplit("-", 1)[1]) not in self.garbled_for:
+                continue
             if client in self.garbage:
                 parts[name] = np.frombuffer(os.urandom(parts[name].size), np.uint8)
             elif client in self.replay:
@@ -350,7 +354,7 @@ def test_two_unmask_messages_at_once_are_answered_at_most_once(tmp_path: Path) -
     fed.mask(0, sender=0)
     fed.mask(1, sender=1)
     fed.check(0, [0, 1])
-    context = multiprocessing.get_context("spawn")
+    context = multiprocessing.get_context("fork")
     for attempt in range(3):
         barrier, results = context.Barrier(2), context.Queue()
         state = {name: array.copy() for name, array in fed.states[0].items()}
@@ -472,6 +476,29 @@ def test_a_client_sending_bad_shares_costs_only_its_own_updates(
     assert sum(kept for _, _, kept in checked) < 18  # some of client 3's were in them
 
 
+def test_a_client_garbling_some_of_its_shares_costs_one_buffer_then_its_updates_are_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Client 3 garbles its shares for holders 0 and 1 only (2 of 6, U = 4): the holders
+    that opened all answer at once (spent), too few to decode with one spare; those left
+    cannot reach U + 1 either, so that buffer is lost, once: client 3 is named and its
+    later updates are refused; every later buffer is released."""
+    run, params = load_config(
+        {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "some", "max-versions": 5}
+    )
+    watched = Watched(run, garbage=frozenset({3}), garbled_for=frozenset({0, 1}))
+    summary = run_experiment(run, params, watched)
+    secure = summary["secure_aggregation"]
+    assert summary["versions"] == 5 and secure["buffers_dropped"] <= 1
+    assert (
+        caplog.text.count("client 3 sent shares that open at some holders and not at others") == 1
+    )
+    assert summary["updates_rejected"] >= 1
+    assert "client 3 sent shares that opened at some holders and not at others; its updates" in (
+        caplog.text
+    )
+
+
 def test_below_u_a_buffer_is_dropped_with_one_line_and_the_run_goes_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -482,9 +509,7 @@ def test_below_u_a_buffer_is_dropped_with_one_line_and_the_run_goes_on(
     secure = summary["secure_aggregation"]
     assert summary["updates_accepted"] == 9 and summary["versions"] == 0
     assert secure["buffers_dropped"] == secure["buffers"] == 3
-    assert "buffer of 3 updates dropped: 3 of the 6 holders can answer for it, 5 needed" in (
-        caplog.text
-    )
+    assert "buffer of 3 updates dropped: 3 of the 6 holders answered, 5 needed" in caplog.text
 
 
 def test_a_malformed_masked_update_is_rejected_and_the_run_goes_on(

@@ -236,6 +236,23 @@ def claim(state: Any, updates: Sequence[int]) -> None:
     state[USED] = np.array(sorted(done.union(updates)), dtype=np.int64)
 
 
+def holder_work(
+    stage: str,
+    config: Mapping[str, Any],
+    incoming: Mapping[str, np.ndarray],
+    state: Any,
+    policy: wire.HolderPolicy | None,
+) -> dict[str, np.ndarray]:
+    """A holder's reply: a check's report; an unmask's answer, from the shares opened at the
+    last check or, when the request brings them, opened now (all must open: else only the
+    report, and nothing of a mask)."""
+    report = checked_parts(config, incoming, state) if stage == wire.CHECK or incoming else {}
+    if stage == wire.CHECK or (report and len(report[wire.FAILED])):
+        return report
+    # the policy is the client's own: never read from the request
+    return aggregate_parts(config, policy or wire.HolderPolicy(), state)
+
+
 def secure_work(
     config: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
@@ -252,11 +269,7 @@ def secure_work(
         return {}, {}, {wire.SET: {wire.PUBLIC_KEY: own_key(state)}}
     if stage in (wire.CHECK, wire.UNMASK):
         try:
-            if stage == wire.CHECK:
-                return {}, {}, {wire.SET: checked_parts(config, incoming, state)}
-            # the policy is the client's own: never read from the request
-            held = policy or wire.HolderPolicy()
-            return {}, {}, {wire.SET: aggregate_parts(config, held, state)}
+            return {}, {}, {wire.SET: holder_work(stage, config, incoming, state, policy)}
         except Refused as err:  # the server counts a reply without a share
             log.warning("secure aggregation: no share given: %s", err)
             return {}, {}, {}

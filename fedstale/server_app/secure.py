@@ -130,6 +130,23 @@ class Masked:
 
 
 @dataclass
+class Buffer:
+    """A buffer being unmasked: its updates (task ids), what is kept of each, their weights."""
+
+    tasks: list[int]
+    kept: dict[int, Masked]
+    weights: dict[int, float]
+
+    @property
+    def weights_list(self) -> list[float]:
+        return [self.weights[t] for t in self.tasks]
+
+    def factors(self, quantiser: Quantiser) -> tuple[list[int], float]:
+        """The integer weights W_i, relative to the largest of these updates, and its scale."""
+        return quantiser.weight_units(self.weights_list)
+
+
+@dataclass
 class Counts:
     buffers: int = 0
     dropped: int = 0
@@ -159,7 +176,9 @@ class SecureAggregation:
         self.starts: dict[int, np.ndarray] = {}
         self.kept: dict[int, Masked] = {}
         self.counts = Counts()
-        self.silent: set[int] = set()  # holders that did not reply to the last check
+        self.silent: set[int] = set()  # holders that did not reply when last asked
+        self.asked: set[int] = set()  # holders asked for the buffer being unmasked
+        self.suspects: set[int] = set()  # clients whose shares opened at some holders only
         self.policy = HolderPolicy(
             min_clients=run.secagg_min_clients,
             min_weight_ratio=run.secagg_min_weight_ratio,
@@ -264,6 +283,11 @@ class SecureAggregation:
     def take(self, task_id: int, client: int, reply: Reply) -> Reply:
         """Keep the masked update; the reply the rule sees carries its placeholder."""
         code = self.ready()
+        if client in self.suspects:
+            raise InvalidReply(
+                f"secure aggregation: client {client} sent shares that opened at some holders "
+                "and not at others; its updates are refused"
+            )
         parts = reply.sets.get(wire.SET)
         if parts is None:
             raise InvalidReply(
@@ -307,9 +331,15 @@ class SecureAggregation:
 
     # ---------------------------------------------------------------- releases
     def unmask(self, strategy: Strategy[Any], outcome: Outcome, exchange: Exchange) -> bool:
-        """Check the buffer's shares at every holder, drop the updates whose shares do not
-        open, ask the holders at which all the rest opened for their share of the weighted
-        mask, find answers that do not fit, and add the sum; False: the buffer dropped."""
+        """Recover the released buffer's weighted sum and add it to the rule's model; False:
+        the buffer dropped (one line), the model as it was.
+
+        One round when all is well: U + spare holders are sent their sealed shares and the
+        weights; each opens every share and, if all open, answers at once; the answers are
+        checked against each other (`decode_checked`). Where a share did not open, the
+        holders that answered have spent their one answer on these updates, so the rest
+        of the buffer is checked first and then unmasked by the holders that did not
+        answer: the update whose shares failed costs only itself."""
         code = self.ready()
         started = time.perf_counter()
         tasks = [int(record["task"]) for record in outcome.records]
@@ -324,28 +354,23 @@ class SecureAggregation:
             )
         units, _ = self.quantiser.weight_units([weights[t] for t in tasks])
         tasks = self.weighable(tasks, dict(zip(tasks, units, strict=True)), kept)
-        opened = self.check(code, tasks, kept, exchange)
-        tasks, able = self.usable(code, tasks, kept, opened)
-        if len(able) < code.recovery + 1:
-            return self.drop(
-                len(weights),
-                f"{len(able)} of the {code.holders} holders can answer for it, "
-                f"{code.recovery + 1} needed (secagg-recovery and one spare to check the answers)",
-            )
-        clients = len({kept[t].client for t in tasks})
-        if clients < self.policy.min_clients:
-            return self.drop(
-                len(weights),
-                f"{clients} client(s) left in it, fewer than secagg-min-clients "
-                f"{self.policy.min_clients}",
-            )
-        # relative to the largest weight left (an update left out may have been the largest)
-        factors, top = self.quantiser.weight_units([weights[t] for t in tasks])
-        answers = self.ask(code, tasks, factors, able, exchange)
-        try:
-            mask, wrong = decode_checked(code, answers)
-        except Disagreement as err:
-            return self.drop(len(weights), f"{len(answers)} holders answered: {err}")
+        problem = self.too_few_clients(tasks, kept)
+        if problem:
+            return self.drop(len(weights), problem)
+        buffer = Buffer(tasks, kept, weights)
+        self.asked = set()
+        answers, reports = self.open_and_answer(code, buffer, self.first_wave(code), exchange)
+        result = self.decoded(code, answers)
+        if isinstance(result, str) and not reports:  # silent or wrong: ask those not asked
+            unasked = [j for j in range(code.holders) if j not in self.asked]
+            more, reports = self.open_and_answer(code, buffer, unasked, exchange)
+            answers.update(more)
+            result = self.decoded(code, answers)
+        if isinstance(result, str) and reports:
+            buffer, result = self.without_bad_shares(code, buffer, answers, reports, exchange)
+        if isinstance(result, str):
+            return self.drop(len(weights), result)
+        mask, wrong = result
         for j in wrong:
             self.counts.wrong_answers += 1
             log.warning(
@@ -354,14 +379,123 @@ class SecureAggregation:
                 j,
                 self.holders[j],
             )
-        total = subtract(weighted_sum([kept[t].vector for t in tasks], factors), mask)
+        factors, top = buffer.factors(self.quantiser)
+        total = subtract(weighted_sum([kept[t].vector for t in buffer.tasks], factors), mask)
         summed = self.quantiser.decode(total, top)
         strategy.model = (strategy.model.astype(np.float64) + summed).astype(np.float32)
         self.counts.buffers += 1
         self.counts.dropped_in_a_row = 0
-        self.counts.errors.append(self.quantiser.error_bound([weights[t] for t in tasks]))
+        self.counts.errors.append(self.quantiser.error_bound(buffer.weights_list))
         self.counts.unmask_seconds += time.perf_counter() - started
         return True
+
+    def too_few_clients(self, tasks: list[int], kept: dict[int, Masked]) -> str:
+        clients = len({kept[t].client for t in tasks})
+        if clients >= self.policy.min_clients:
+            return ""
+        return (
+            f"{clients} client(s) left in it, fewer than secagg-min-clients "
+            f"{self.policy.min_clients}"
+        )
+
+    def decoded(
+        self, code: MaskCode, answers: dict[int, np.ndarray]
+    ) -> tuple[np.ndarray, list[int]] | str:
+        """The mask and the holders whose answers did not fit, or why not (a line)."""
+        if len(answers) < code.recovery + 1:
+            return (
+                f"{len(answers)} of the {code.holders} holders answered, {code.recovery + 1} "
+                "needed (secagg-recovery and one spare to check the answers)"
+            )
+        try:
+            return decode_checked(code, answers)
+        except Disagreement as err:
+            return f"{len(answers)} of the {code.holders} holders answered: {err}"
+
+    def first_wave(self, code: MaskCode) -> list[int]:
+        """U + spare holders, those that replied last time first, starting where the last
+        buffer started plus one (the work spreads)."""
+        first = self.counts.buffers % code.holders
+        order = [(first + k) % code.holders for k in range(code.holders)]
+        order.sort(key=lambda j: j in self.silent)
+        return order[: code.recovery + self.run.secagg_spare_holders]
+
+    def open_and_answer(
+        self, code: MaskCode, buffer: Buffer, holders: Sequence[int], exchange: Exchange
+    ) -> tuple[dict[int, np.ndarray], dict[int, set[int]]]:
+        """Ask `holders` to open their shares of the buffer and answer when all open:
+        ({holder: answer}, {holder: updates whose shares did not open there})."""
+        factors, _ = buffer.factors(self.quantiser)
+        config = {
+            **self.buffer_config(code, buffer),
+            wire.STAGE: wire.UNMASK,
+            wire.FACTORS: list(factors),
+        }
+        requests = [self.request(j, config, self.holder_parts(j, buffer)) for j in holders]
+        self.asked.update(holders)
+        alive = [j for j in holders if j not in self.silent]
+        # every holder that replied last time; holders silent then are asked but not waited
+        # for, unless fewer than U + 1 are left (a dead holder costs no timeout)
+        needed = max(len(alive), min(len(holders), code.recovery + 1))
+        answers: dict[int, np.ndarray] = {}
+        reports: dict[int, set[int]] = {}
+        replies = exchange(requests, needed, self.run.secagg_timeout)
+        replied = {self.holders.index(client) for client, _ in replies}
+        self.silent = (self.silent | set(holders)) - replied
+        for client, reply in replies:
+            j = self.holders.index(client)
+            failed = reply.sets.get(wire.SET, {}).get(wire.FAILED)
+            if reply.error_code is None and failed is not None and len(failed):
+                reports[j] = {int(u) for u in np.asarray(failed)}
+                continue
+            share = self.checked_share(j, client, reply, code)
+            if share is not None:
+                answers[j] = share
+        return answers, reports
+
+    def without_bad_shares(
+        self,
+        code: MaskCode,
+        buffer: Buffer,
+        answers: dict[int, np.ndarray],
+        reports: dict[int, set[int]],
+        exchange: Exchange,
+    ) -> tuple[Buffer, tuple[np.ndarray, list[int]] | str]:
+        """The buffer without the updates whose shares did not open, checked and then
+        unmasked by the holders that have not answered for it (those that did are spent)."""
+        self.note_partial(buffer, answers, reports)
+        unspent = [j for j in range(code.holders) if j not in answers]
+        opened = self.check(code, buffer, unspent, exchange)
+        tasks, able = self.usable(code, buffer, opened)
+        if len(able) < code.recovery + 1:
+            return buffer, (
+                f"{len(able)} of the {code.holders} holders can answer for it, "
+                f"{code.recovery + 1} needed (secagg-recovery and one spare to check the answers)"
+            )
+        problem = self.too_few_clients(tasks, buffer.kept)
+        if problem:
+            return buffer, problem
+        reduced = Buffer(tasks, buffer.kept, buffer.weights)
+        return reduced, self.decoded(code, self.ask(code, reduced, able, exchange))
+
+    def note_partial(
+        self, buffer: Buffer, answers: dict[int, np.ndarray], reports: dict[int, set[int]]
+    ) -> None:
+        """A client whose shares opened at some holders and failed at others, where other
+        shares opened, sent some garbage on purpose or was tampered with: its updates are
+        refused from now on (one line), so it can cost at most this buffer."""
+        working = set(answers) | {j for j, bad in reports.items() if bad != set(buffer.tasks)}
+        for task in buffer.tasks:
+            failed = {j for j, bad in reports.items() if task in bad} & working
+            client = buffer.kept[task].client
+            if failed and (working - failed) and client not in self.suspects:
+                self.suspects.add(client)
+                log.warning(
+                    "secure aggregation: client %d sent shares that open at some holders and "
+                    "not at others (task %d): its updates are refused from now on",
+                    client,
+                    task,
+                )
 
     def weighable(
         self, tasks: list[int], unit_of: dict[int, int], kept: dict[int, Masked]
@@ -382,27 +516,14 @@ class SecureAggregation:
         return [t for t in tasks if t not in light]
 
     def check(
-        self, code: MaskCode, tasks: list[int], kept: dict[int, Masked], exchange: Exchange
+        self, code: MaskCode, buffer: Buffer, holders: Sequence[int], exchange: Exchange
     ) -> dict[int, set[int]]:
-        """Every holder opens its share of each update: {holder index: updates opened}."""
-        config = {
-            wire.STAGE: wire.CHECK,
-            wire.UPDATES: list(tasks),
-            wire.SENDERS: [kept[t].client for t in tasks],
-            wire.ROSTER: list(self.holders),
-            **self.code_config(code),
-        }
-        requests = [
-            self.request(j, config, self.holder_parts(j, tasks, kept)) for j in range(code.holders)
-        ]
-        # U + spare replies, fewer when holders fell silent at the last check (all are asked:
-        # one that comes back is counted again), so that a dead holder costs no timeout
-        alive = code.holders - len(self.silent)
-        needed = max(code.recovery + 1, min(alive, code.recovery + self.run.secagg_spare_holders))
+        """`holders` open their share of each update and keep it, answering nothing yet:
+        {holder index: updates opened}."""
+        config = {**self.buffer_config(code, buffer), wire.STAGE: wire.CHECK}
+        requests = [self.request(j, config, self.holder_parts(j, buffer)) for j in holders]
         opened: dict[int, set[int]] = {}
-        replies = exchange(requests, needed, self.run.secagg_timeout)
-        self.silent = set(range(code.holders)) - {self.holders.index(c) for c, _ in replies}
-        for client, reply in replies:
+        for client, reply in exchange(requests, len(requests), self.run.secagg_timeout):
             parts, j = reply.sets.get(wire.SET, {}), self.holders.index(client)
             if reply.error_code is None and wire.OPENED in parts:
                 opened[j] = {int(u) for u in np.asarray(parts[wire.OPENED])}
@@ -411,15 +532,15 @@ class SecureAggregation:
         return opened
 
     def usable(
-        self, code: MaskCode, tasks: list[int], kept: dict[int, Masked], opened: dict[int, set[int]]
+        self, code: MaskCode, buffer: Buffer, opened: dict[int, set[int]]
     ) -> tuple[list[int], list[int]]:
         """The updates whose shares opened widely enough, and the holders at which every one
         of them opened. An update whose shares failed at more holders than can be spared
         (all but U + 1 of those that checked) is its sender's fault or a replay: dropped,
-        named with its node; a holder at which a kept update failed is left out."""
+        named with its client; a holder at which a kept update failed is left out."""
         spare = len(opened) - (code.recovery + 1)
         good = []
-        for task in tasks:
+        for task in buffer.tasks:
             failed = sum(task not in updates for updates in opened.values())
             if failed > max(spare, 0):
                 self.counts.updates_dropped += 1
@@ -428,7 +549,7 @@ class SecureAggregation:
                     "not open at %d of the %d holders that checked (altered, replayed or "
                     "duplicated); the rest of its buffer goes on",
                     task,
-                    kept[task].client,
+                    buffer.kept[task].client,
                     failed,
                     len(opened),
                 )
@@ -438,16 +559,12 @@ class SecureAggregation:
         return good, able
 
     def ask(
-        self,
-        code: MaskCode,
-        tasks: Sequence[int],
-        factors: Sequence[int],
-        able: Sequence[int],
-        exchange: Exchange,
+        self, code: MaskCode, buffer: Buffer, able: Sequence[int], exchange: Exchange
     ) -> dict[int, np.ndarray]:
-        """The shares of the buffer's weighted mask from every holder that can give one:
+        """The shares of the buffer's weighted mask from every holder that checked it:
         {holder index: share}. Spare answers (more than U) let wrong ones be found."""
-        config = {wire.STAGE: wire.UNMASK, wire.UPDATES: list(tasks), wire.FACTORS: list(factors)}
+        factors, _ = buffer.factors(self.quantiser)
+        config = {wire.STAGE: wire.UNMASK, wire.UPDATES: buffer.tasks, wire.FACTORS: factors}
         requests = [self.request(j, config, {}) for j in able]
         answers: dict[int, np.ndarray] = {}
         for client, reply in exchange(requests, len(requests), self.run.secagg_timeout):
@@ -456,6 +573,14 @@ class SecureAggregation:
             if share is not None:
                 answers[j] = share
         return answers
+
+    def buffer_config(self, code: MaskCode, buffer: Buffer) -> dict[str, Any]:
+        return {
+            wire.UPDATES: list(buffer.tasks),
+            wire.SENDERS: [buffer.kept[t].client for t in buffer.tasks],
+            wire.ROSTER: list(self.holders),
+            **self.code_config(code),
+        }
 
     def code_config(self, code: MaskCode) -> dict[str, Any]:
         return {
@@ -513,12 +638,12 @@ class SecureAggregation:
             "secagg-recovery holders answer: check that the SuperNodes are up"
         )
 
-    def holder_parts(self, holder: int, tasks: Sequence[int], kept: dict[int, Masked]) -> dict:
-        """A check's array set for one holder: the roster's keys (which it compares with
-        those it pinned) and its sealed share of each update."""
+    def holder_parts(self, holder: int, buffer: Buffer) -> dict:
+        """A holder's array set: the roster's keys (which it compares with those it pinned)
+        and its sealed share of each update."""
         parts: dict[str, np.ndarray] = wire.keys_array(self.keys)
-        for task in tasks:
-            parts[wire.update_share_name(task)] = kept[task].shares[holder]
+        for task in buffer.tasks:
+            parts[wire.update_share_name(task)] = buffer.kept[task].shares[holder]
         return parts
 
     def ready(self) -> MaskCode:
@@ -529,12 +654,18 @@ class SecureAggregation:
     def state(self) -> dict[str, Any]:
         """The holders and their keys, and the masked updates of the buffer in progress
         (masked and sealed: nothing in them is readable without the holders)."""
-        return {"holders": list(self.holders), "keys": list(self.keys), "kept": dict(self.kept)}
+        return {
+            "holders": list(self.holders),
+            "keys": list(self.keys),
+            "kept": dict(self.kept),
+            "suspects": sorted(self.suspects),
+        }
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.holders = list(state.get("holders", []))
         self.keys = list(state.get("keys", []))
         self.kept = dict(state.get("kept", {}))
+        self.suspects = set(state.get("suspects", []))
 
     def summary(self) -> dict[str, Any]:
         code = self.ready()

@@ -9,19 +9,21 @@ task config and the same named array set, "secagg", in both directions):
   instead of its model or delta, with its quantised delta plus a fresh random mask (field
   elements, `masked`), the mask's N shares each sealed for its holder (`share-<j>`), and
   its public key. Its metrics go unchanged.
-- check: to release a buffer, the server sends every holder its sealed share of each of
-  the buffer's updates (ids and senders). The holder opens each with the sender's key as
-  pinned at its first message (never a key the request names), keeps the opened shares
-  until the buffer's unmask, and says which opened (`opened`) and which did not (`failed`:
-  altered, replayed, sealed for another update, or from a sender it holds no key for). It
-  gives nothing of a mask yet.
-- unmask: the server asks the holders at which every share of the (possibly reduced)
-  buffer opened for sum_i W_i [z_i]_j (`aggregate`), naming the updates and their integer
-  weights W_i. A holder answers only under its own policy (`HolderPolicy`, set on the
-  client side, never by the request): every update held from the check, at least
-  `secagg-min-clients` distinct senders, every W_i within [ratio 2^g, 2^g] with the largest
-  2^g, and each update answered once, ever (claimed atomically: `claim`). Any U answers
-  give the buffer's mask; more than U let the server find answers that do not fit.
+- unmask: to release a buffer, the server sends U + spare holders the buffer's updates (ids,
+  senders, integer weights W_i), the roster's keys and each holder's sealed share of each
+  update. The holder opens each share with the sender's key as pinned at its first message
+  (never a key the request names). If all open, it answers sum_i W_i [z_i]_j
+  (`aggregate`) under its own policy (`HolderPolicy`, set on the client side, never by the
+  request): at least `secagg-min-clients` distinct senders, every W_i within
+  [ratio 2^g, 2^g] with the largest 2^g, and each update answered once, ever (claimed
+  atomically: `claim`). If one does not open (altered, replayed, sealed for another
+  update, or from a sender it holds no key for), it answers nothing and reports the
+  updates that opened (`opened`) and those that did not (`failed`). Any U answers give the
+  buffer's mask; more than U let the server find answers that do not fit.
+- check (after a failed share only): the holders that have not answered are sent their
+  shares again; each opens and keeps them and reports, giving nothing of a mask; then an
+  unmask without shares asks those at which all the remaining updates opened, and each
+  answers from the shares it kept.
 """
 
 from __future__ import annotations
