@@ -131,3 +131,48 @@ def test_a_sealed_share_opens_only_for_its_holder_its_update_and_unaltered() -> 
     ):
         with pytest.raises(Unsealable):
             unseal(sealed_share, private, public_key(sender), bound_to)
+
+
+def test_spare_answers_find_a_wrong_one_and_refuse_what_they_cannot_tell_apart() -> None:
+    """N = 6, U = 4 (T = 2): the answers are values of one polynomial of degree 3. Six
+    honest answers fit; one wrong among six is the only one whose exclusion leaves five
+    that fit (k = 1 <= (6 - 4) / 2); two wrong among six cannot be told from two right
+    ones (k = 2 > 1): refused. U answers alone fit any polynomial: refused, never decoded
+    unchecked. Five answers with one wrong: k = 1 > (5 - 4) / 2, refused."""
+    from fedstale.common.secagg.coding import Disagreement, decode_checked
+
+    code = MaskCode(holders=6, privacy=2, recovery=4, length=20)
+    mask = random_elements(20)
+    shares = code.encode(mask)
+    honest = {j: shares[j] for j in range(6)}
+    decoded, wrong = decode_checked(code, honest)
+    assert np.array_equal(decoded, mask) and wrong == []
+    one_wrong = {**honest, 2: (shares[2] + 1) % PRIME}
+    decoded, wrong = decode_checked(code, one_wrong)
+    assert np.array_equal(decoded, mask) and wrong == [2]
+    with pytest.raises(Disagreement, match="too few spare"):
+        decode_checked(code, {**one_wrong, 4: (shares[4] + 7) % PRIME})
+    with pytest.raises(Disagreement, match="cannot be checked: at least 5"):
+        decode_checked(code, {j: honest[j] for j in range(4)})
+    with pytest.raises(Disagreement, match="too few spare"):
+        decode_checked(code, {j: one_wrong[j] for j in range(5)})
+    five = {j: honest[j] for j in range(5)}
+    assert np.array_equal(decode_checked(code, five)[0], mask)
+
+
+def test_a_holders_policy_worked_by_hand() -> None:
+    """g = 10, ratio 1/16: weights must be integers in [64, 1024], the largest 1024, over
+    two or more distinct senders."""
+    from fedstale.common.secagg.protocol import HolderPolicy
+
+    policy = HolderPolicy(min_clients=2, min_weight_ratio=1 / 16, weight_bits=10, rule="fedbuff")
+    assert policy.least_factor == 64
+    assert policy.refusal([0, 1], [1024, 64]) == ""
+    assert policy.refusal([0, 1, 1], [1024, 724, 512]) == ""
+    assert "fewer than secagg-min-clients 2" in policy.refusal([3, 3], [1024, 1024])
+    assert "outside [64, 1024] (fedbuff secagg-min-weight-ratio" in policy.refusal(
+        [0, 1], [1024, 63]
+    )
+    assert "outside" in policy.refusal([0, 1], [1024, PRIME])
+    assert "outside" in policy.refusal([0, 1], [1024, -64 % PRIME])
+    assert "not 2^10" in policy.refusal([0, 1], [512, 512])

@@ -304,6 +304,7 @@ def secure_train(
         min_clients=cfg.secagg_min_clients,
         min_weight_ratio=cfg.secagg_min_weight_ratio,
         weight_bits=cfg.secagg_weight_bits,
+        rule=cfg.strategy,
     )
     return secure_work(
         config,
@@ -335,6 +336,7 @@ def secagg_mod(
                 base.min_weight_ratio if min_weight_ratio is None else min_weight_ratio
             ),
             weight_bits=base.weight_bits if weight_bits is None else weight_bits,
+            rule=base.rule,
         )
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

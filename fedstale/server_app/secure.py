@@ -183,6 +183,7 @@ class SecureAggregation:
             min_clients=run.secagg_min_clients,
             min_weight_ratio=run.secagg_min_weight_ratio,
             weight_bits=run.secagg_weight_bits,
+            rule=run.strategy,
         )
         self.rule = run.strategy
 

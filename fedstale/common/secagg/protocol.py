@@ -77,6 +77,7 @@ class HolderPolicy:
     min_clients: int = 2  # distinct senders in a buffer
     min_weight_ratio: float = 1 / 16  # the smallest W_i over the largest
     weight_bits: int = 10  # g: the largest W_i is 2^g
+    rule: str = ""  # the run's rule, named in a refusal where the holder knows it
 
     def refusal(self, senders: Sequence[int], factors: Sequence[int]) -> str:
         """Why a holder refuses to answer for updates of `senders` weighed by `factors`
@@ -88,10 +89,12 @@ class HolderPolicy:
                 f"{self.min_clients}: it would show one client's update"
             )
         if len(factors) != len(senders) or any(not least <= f <= top for f in factors):
+            rule = f"{self.rule} " if self.rule else ""
             return (
                 f"weights {sorted(set(factors))} outside [{least}, {top}] "
-                f"(secagg-min-weight-ratio {self.min_weight_ratio:g} of 2^{self.weight_bits}): "
-                "a weight that small, or zero in the field, would single out one update"
+                f"({rule}secagg-min-weight-ratio {self.min_weight_ratio:g} of "
+                f"2^{self.weight_bits}): a weight that small, or zero in the field, would "
+                "single out one update"
             )
         if max(factors) != top:
             return f"the largest weight is {max(factors)}, not 2^{self.weight_bits}"
@@ -109,6 +112,7 @@ class HolderPolicy:
             min_clients=int(config.get(MIN_CLIENTS, default.min_clients)),
             min_weight_ratio=float(config.get(MIN_WEIGHT_RATIO, default.min_weight_ratio)),
             weight_bits=int(config.get(WEIGHT_BITS, default.weight_bits)),
+            rule=str(config.get("strategy", "")),
         )
 
 
