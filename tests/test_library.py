@@ -636,6 +636,28 @@ def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_in_simulation(
 
 
 @pytest.mark.integration
+def test_secure_aggregation_without_its_mod_stops_with_one_line_naming_it(
+    link_in: tuple[LocalDeployment, Path], tmp_path: Path
+) -> None:
+    """`secure_aggregation=True` on the strategy, the ClientApp unchanged: the key request
+    reaches its train function and fails on every node; the ServerApp stops before any task
+    with one line naming the mod, and the run ends failed (no version, no results)."""
+    app = app_with(
+        tmp_path,
+        QUICKSTART,
+        "buffer_size=3, concurrency=4",
+        "buffer_size=3, concurrency=4, secure_aggregation=True",
+    )
+    link, work = link_in
+    before = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    output = flwr_run(link.env, app, "num-server-rounds=3")
+    named = "add fedstale.secagg_mod() to the ClientApp's train handler"
+    assert sum(named in line for line in output.splitlines()) == 1, output[-3000:]
+    after = set((work / "runs").iterdir()) if (work / "runs").exists() else set()
+    assert not any((run / "summary.json").exists() for run in after - before)
+
+
+@pytest.mark.integration
 def test_secure_aggregation_with_its_mod_on_a_plain_clientapp_on_real_supernodes(
     tmp_path: Path,
 ) -> None:

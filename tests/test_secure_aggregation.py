@@ -430,9 +430,11 @@ def test_a_holder_answering_at_random_is_named_and_every_buffer_recovered_from_t
     summary = run_experiment(run, params, watched)
     secure = summary["secure_aggregation"]
     assert summary["versions"] == 4 and secure["buffers_dropped"] == 0
-    assert secure["wrong_answers"] == 4
+    named = caplog.text.count("holder 2 (client 2) answered a share that does not fit")
+    # asked first in three of the four buffers (U + 1 = 5 of 6, starting one further each
+    # time); the fourth never asked it
+    assert secure["wrong_answers"] == named == 3
     assert len(checked) == 4 and all(error <= bound for error, bound, _ in checked)
-    assert caplog.text.count("holder 2 (client 2) answered a share that does not fit") == 4
 
 
 def test_two_holders_answering_at_random_drop_the_buffer_never_a_wrong_model(

@@ -228,9 +228,10 @@ def claim(state: Any, updates: Sequence[int]) -> None:
             if again:
                 again_text = sorted(again)
                 raise Refused(f"asked again for update(s) {again_text}: each share is given once")
+            # flushed, not fsynced: what matters is the next process of this node reading
+            # it (the page cache is shared); after a crash of the node its key is gone too
             record.write("".join(f"{u}\n" for u in updates))
             record.flush()
-            os.fsync(record.fileno())
         finally:
             fcntl.flock(record, fcntl.LOCK_UN)
     state[USED] = np.array(sorted(done.union(updates)), dtype=np.int64)

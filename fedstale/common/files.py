@@ -19,3 +19,9 @@ def write_atomically(path: Path, write: Callable[[IO[bytes]], None]) -> None:
             os.unlink(tmp.name)
             raise
     os.replace(tmp.name, path)
+
+
+def resume_folder(resume_from: str) -> Path:
+    """The run folder a `resume-from` value (a folder or its checkpoint file) names."""
+    path = Path(resume_from).expanduser().resolve()
+    return path if path.is_dir() or not path.suffix else path.parent

@@ -22,6 +22,7 @@ from fedstale.common.files import write_atomically
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.results import CHECKPOINT_FILE
 from fedstale.strategies.base import load_state, state_of
+from fedstale.strategies.registry import rule_named
 
 log = logging.getLogger("fedstale")
 # 3: strategies keep Buffer objects and their `kept` attributes as they are (deques too).
@@ -46,13 +47,22 @@ class Checkpoint:
         return int(self.engine_state["version"])
 
 
+def public_state(engine: Engine) -> tuple[str, ...] | None:
+    """The rule's kept attributes a checkpoint may hold: all (None) unless DP omits the
+    clients' values, then those its release declares public."""
+    if engine.privacy.keeps_client_values:
+        return None
+    release = rule_named(engine.run.strategy).dp
+    return release.public if release is not None else ()
+
+
 def snapshot(engine: Engine, run_dir: Path, metric_rows: int, update_rows: int) -> Checkpoint:
     return Checkpoint(
         strategy=engine.run.strategy,
         run_dir=str(run_dir),
         engine_state=engine.state(),
         clock_state=engine.clock.state(),
-        strategy_state=state_of(engine.strategy, engine.privacy.keeps_client_values),
+        strategy_state=state_of(engine.strategy, public_state(engine)),
         in_flight=sorted(t.client for t in engine.tasks.values()),
         metric_rows=metric_rows,
         update_rows=update_rows,

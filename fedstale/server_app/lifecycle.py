@@ -31,6 +31,7 @@ from fedstale.common.config import (
     score_words,
     summary_score,
 )
+from fedstale.common.files import resume_folder
 from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.server_app import checkpoint
@@ -51,7 +52,6 @@ from fedstale.server_app.results import (
     check_run_dir,
     checkpointed_rows,
     claim_run_dir,
-    resume_folder,
     writable_runs_dir,
 )
 from fedstale.server_app.scored import ClientScorer, Evaluator

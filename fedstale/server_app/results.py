@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.files import resume_folder
 
 log = logging.getLogger("fedstale")
 DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
@@ -44,12 +45,6 @@ RUN_FILES = (
 
 def holds_a_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in RUN_FILES)
-
-
-def resume_folder(resume_from: str) -> Path:
-    """The run folder a `resume-from` value (a folder or its checkpoint file) names."""
-    path = Path(resume_from).expanduser().resolve()
-    return path if path.is_dir() or not path.suffix else path.parent
 
 
 def resumes_in_place(run: RunConfig, folder: Path) -> bool:

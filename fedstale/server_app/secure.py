@@ -363,7 +363,7 @@ class SecureAggregation:
         answers, reports = self.open_and_answer(code, buffer, self.first_wave(code), exchange)
         result = self.decoded(code, answers)
         if isinstance(result, str) and not reports:  # silent or wrong: ask those not asked
-            unasked = [j for j in range(code.holders) if j not in self.asked]
+            unasked = [j for j in self.order(code) if j not in self.asked]
             more, reports = self.open_and_answer(code, buffer, unasked, exchange)
             answers.update(more)
             result = self.decoded(code, answers)
@@ -413,13 +413,17 @@ class SecureAggregation:
         except Disagreement as err:
             return f"{len(answers)} of the {code.holders} holders answered: {err}"
 
-    def first_wave(self, code: MaskCode) -> list[int]:
-        """U + spare holders, those that replied last time first, starting where the last
-        buffer started plus one (the work spreads)."""
+    def order(self, code: MaskCode) -> list[int]:
+        """The holders in the order they are asked: those that replied last time first,
+        starting one further at each buffer (the work spreads)."""
         first = self.counts.buffers % code.holders
         order = [(first + k) % code.holders for k in range(code.holders)]
-        order.sort(key=lambda j: j in self.silent)
-        return order[: code.recovery + self.run.secagg_spare_holders]
+        return sorted(order, key=lambda j: j in self.silent)
+
+    def first_wave(self, code: MaskCode) -> list[int]:
+        """U + spare holders: with one spare a wrong answer is seen, and the holders not
+        asked yet are asked when the answers disagree (two spares correct one at once)."""
+        return self.order(code)[: code.recovery + self.run.secagg_spare_holders]
 
     def open_and_answer(
         self, code: MaskCode, buffer: Buffer, holders: Sequence[int], exchange: Exchange

@@ -32,7 +32,7 @@ Capabilities, for the rules that have them (mixins the engine tests for):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
@@ -215,9 +215,6 @@ class Strategy(ABC, Generic[P]):
     returns: ClassVar[str] = RETURN_DELTA
     client_rules: ClassVar[tuple[ClientRule, ...]] = ()  # what each task asks of the client
     kept: ClassVar[tuple[str, ...]] = ()  # attributes a checkpoint keeps beside the model
-    # those of `kept` that hold only released models and the public schedule: under DP
-    # (client values omitted) a checkpoint keeps these alone, the others start afresh
-    public: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -325,12 +322,12 @@ def evaluates(strategy: Strategy[Any] | type[Strategy[Any]]) -> str:
     return EVAL_PER_CLIENT if issubclass(cls, PerClientModels) else EVAL_GLOBAL
 
 
-def state_of(strategy: Strategy[Any], client_values: bool = True) -> dict[str, Any]:
+def state_of(strategy: Strategy[Any], only: Sequence[str] | None = None) -> dict[str, Any]:
     """Everything a rule needs to go on after a restart (picklable): the model and the
-    attributes its `kept` names; without `client_values` (DP), only its `public` ones: no
-    update not yet released, no norm or signal of a client. What `bind` gave is bound
-    again on resume."""
-    names = strategy.kept if client_values else strategy.public
+    attributes its `kept` names, or of those `only` the ones named (under DP: those its
+    release declares public, so no update not yet released, no norm or signal of a
+    client). What `bind` gave is bound again on resume."""
+    names = [name for name in strategy.kept if only is None or name in only]
     return {"model": strategy.model, **{name: getattr(strategy, name) for name in names}}
 
 

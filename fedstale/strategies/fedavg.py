@@ -35,7 +35,6 @@ class FedAvg(Strategy):
     name = "fedavg"
     returns = RETURN_MODEL
     kept = ("dispatched", "received")
-    public = ("dispatched",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -79,6 +78,7 @@ RULES = (
         about="""FedAvg (McMahan et al. 2017) on fedstale's engine: rounds of `concurrency`
     clients, w = sum n_i w_i / sum n_i; the synchronous baseline, with results folder and
     checkpoints.""",
-        dp=Release(LINEAR, cohort),  # uniform weights under DP: S = C / m
+        # uniform weights under DP: S = C / m; the round's count of tasks is the schedule's
+        dp=Release(LINEAR, cohort, public=("dispatched",)),
     ),
 )

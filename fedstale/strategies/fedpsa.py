@@ -255,7 +255,6 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
     name = "fedpsa"
     client_rules = (SensitivitySketch(),)
     kept = ("buffer", "queue", "m0", "calib_holders", "history")
-    public = ("calib_holders", "history")  # who was sent the batch; released models
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -455,6 +454,8 @@ RULES = (
     the ClientApp.""",
         wire=keys_of(FedPSAKeys),
         labels="its sensitivity sketches are cross-entropy gradients",
-        dp=Release(CONVEX),  # softmax weights from the clients' sketches: S = 2 step C
+        # softmax weights from the clients' sketches: S = 2 step C; kept under DP: which
+        # clients were sent the batch, and the released models of the diagnostic
+        dp=Release(CONVEX, public=("calib_holders", "history")),
     ),
 )

@@ -100,6 +100,10 @@ class Release:
 
     kind: str
     per_release: Callable[[RunConfig], int] = buffered
+    # the rule's kept attributes that hold only released models and the public schedule:
+    # under DP (client values omitted) a checkpoint keeps these alone, the others start
+    # afresh on resume
+    public: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.kind not in (LINEAR, CONVEX):

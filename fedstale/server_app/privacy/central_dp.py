@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.files import resume_folder
 from fedstale.common.schema import CLIPPING_NORM, RETURN_MODEL, InvalidReply
 from fedstale.server_app.privacy.accounting import (
     Accountant,
@@ -54,7 +55,6 @@ from fedstale.server_app.privacy.ledger import (
 )
 from fedstale.server_app.privacy.noise import noise_source, replayable_stream
 from fedstale.server_app.privacy.stage import Verdict
-from fedstale.server_app.results import resume_folder
 from fedstale.strategies.base import Outcome, Strategy, Update
 from fedstale.strategies.privacy import LINEAR, Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
