@@ -237,9 +237,9 @@ class SecureAggregation:
         if errors and not answered:
             raise SecureAggregationError(
                 f"secure aggregation: none of the {len(errors)} ClientApps that replied sent a "
-                "key (the key request reached the train function: add fedstale.secagg_mod() "
-                "to the ClientApp's train handler, @app.train(mods=[fedstale.secagg_mod()])); "
-                f"first error: {errors[0].splitlines()[0] if errors[0] else ''}"
+                "key (the key request reached their train function, which failed): add "
+                "fedstale.secagg_mod() to the ClientApp's train handler, "
+                "@app.train(mods=[fedstale.secagg_mod()])"
             )
         self.holders = sorted(answered)
         self.keys = [answered[client] for client in self.holders]
