@@ -24,13 +24,20 @@ _OWN_CACHE = (
 )
 if _OWN_CACHE is not None:
     os.environ["FEDSTALE_CACHE_DIR"] = _OWN_CACHE
+# Secure aggregation's holders record what they answered (fedstale/client_app/secagg.py):
+# the suite's records in a folder of its own, removed with the cache.
+_OWN_SECAGG = (
+    None if "FEDSTALE_SECAGG_DIR" in os.environ else tempfile.mkdtemp(prefix="fedstale-secagg-")
+)
+if _OWN_SECAGG is not None:
+    os.environ["FEDSTALE_SECAGG_DIR"] = _OWN_SECAGG
 
 
 _TEMP_DIRS: list[str] = []
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    for folder in [_OWN_CACHE, *_TEMP_DIRS]:
+    for folder in [_OWN_CACHE, _OWN_SECAGG, *_TEMP_DIRS]:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -479,3 +479,27 @@ def test_a_run_with_secure_noise_says_so_and_the_choice_is_checked(tmp_path: Pat
     ):
         with pytest.raises(ConfigError, match=message):
             load_config(values)
+
+
+@pytest.mark.parametrize("damage", ["missing", "edited"])
+def test_a_copy_of_the_folder_never_stands_in_for_a_damaged_or_missing_ledger(
+    tmp_path: Path, damage: str
+) -> None:
+    """The review's finding: a copy of the run folder taken at its checkpoint, then 4 more
+    releases on the lineage's ledger, then that ledger deleted or edited: a resume from the
+    copy must not count the copy's 5 releases; it is refused (only a whole ledger of
+    another lineage at the recorded path sends it to the copy's)."""
+    import shutil
+
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    shutil.copytree(tmp_path / "base", tmp_path / "copy")
+    run(tmp_path, "more", **DP, **{"max-versions": 8, "resume-from": str(tmp_path / "base")})
+    path = tmp_path / "base" / LEDGER_FILE
+    assert releases_of(tmp_path / "base") == 8
+    if damage == "missing":
+        path.unlink()
+    else:
+        path.write_text(path.read_text().replace('"sample_size": 2', '"sample_size": 3', 1))
+    resume = {"max-versions": 12, "resume-from": str(tmp_path / "copy")}
+    with pytest.raises(ConfigError, match="cannot be trusted"):
+        run(tmp_path, "fork", **DP, **resume)

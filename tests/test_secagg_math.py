@@ -133,12 +133,11 @@ def test_a_sealed_share_opens_only_for_its_holder_its_update_and_unaltered() -> 
             unseal(sealed_share, private, public_key(sender), bound_to)
 
 
-def test_spare_answers_find_a_wrong_one_and_refuse_what_they_cannot_tell_apart() -> None:
-    """N = 6, U = 4 (T = 2): the answers are values of one polynomial of degree 3. Six
-    honest answers fit; one wrong among six is the only one whose exclusion leaves five
-    that fit (k = 1 <= (6 - 4) / 2); two wrong among six cannot be told from two right
-    ones (k = 2 > 1): refused. U answers alone fit any polynomial: refused, never decoded
-    unchecked. Five answers with one wrong: k = 1 > (5 - 4) / 2, refused."""
+def test_a_decode_withstands_f_wrong_answers_and_refuses_what_it_cannot_trust() -> None:
+    """N = 6, U = 4 (T = 2), f = 1: a set of U + f = 5 answers that fit one polynomial of
+    degree 3 holds at least U right ones when at most one is wrong, so it is the true one.
+    Six honest answers fit; one wrong among six is excluded; with two wrong no five fit:
+    refused; U answers alone (or five with one wrong) cannot be checked: refused."""
     from fedstale.common.secagg.coding import Disagreement, decode_checked
 
     code = MaskCode(holders=6, privacy=2, recovery=4, length=20)
@@ -150,14 +149,46 @@ def test_spare_answers_find_a_wrong_one_and_refuse_what_they_cannot_tell_apart()
     one_wrong = {**honest, 2: (shares[2] + 1) % PRIME}
     decoded, wrong = decode_checked(code, one_wrong)
     assert np.array_equal(decoded, mask) and wrong == [2]
-    with pytest.raises(Disagreement, match="too few spare"):
+    with pytest.raises(Disagreement, match="no 5 of the 6 answers agree"):
         decode_checked(code, {**one_wrong, 4: (shares[4] + 7) % PRIME})
     with pytest.raises(Disagreement, match="cannot be checked: at least 5"):
         decode_checked(code, {j: honest[j] for j in range(4)})
-    with pytest.raises(Disagreement, match="too few spare"):
+    with pytest.raises(Disagreement, match="no 5 of the 5"):
         decode_checked(code, {j: one_wrong[j] for j in range(5)})
-    five = {j: honest[j] for j in range(5)}
-    assert np.array_equal(decode_checked(code, five)[0], mask)
+    with pytest.raises(Disagreement, match="no 6 of the 6"):  # f = 2: all six must fit
+        decode_checked(code, one_wrong, wrong=2)
+
+
+def lagrange_values(points: list[int], at: list[int]) -> np.ndarray:
+    """prod_{p in points} (x - p) mod PRIME at each x of `at`: zero at every point."""
+    values = []
+    for x in at:
+        total = 1
+        for point in points:
+            total = total * (x - point) % PRIME
+        values.append(total)
+    return np.array(values, dtype=np.uint64)
+
+
+def test_colluding_holders_past_f_are_caught_when_f_covers_them() -> None:
+    """The review's attack: N = 10, T = 3, U = 7; holders 0, 1 and 2 collude and shift their
+    answers by e l(alpha_j), l vanishing at six honest holders' points, so that nine
+    answers (theirs and those six) fit a wrong polynomial. With f = 1 nine fitting answers
+    are taken (three wrong is more than f covers: documented); with f = T = 3 a decode
+    needs ten that fit, and is refused."""
+    from fedstale.common.secagg.coding import Disagreement, decode_checked
+
+    code = MaskCode(holders=10, privacy=3, recovery=7, length=14)
+    shares = code.encode(random_elements(14))
+    honest_points = [code.alphas[j] for j in range(4, 10)]  # holder 3 is left out
+    shift = lagrange_values(honest_points, [code.alphas[j] for j in range(3)])
+    answers = {j: shares[j] for j in range(10)}
+    for j in range(3):
+        answers[j] = (shares[j] + 5 * shift[j]) % PRIME
+    _, named = decode_checked(code, answers, wrong=1)
+    assert named == [3]  # an honest holder blamed: f = 1 does not cover three colluders
+    with pytest.raises(Disagreement):
+        decode_checked(code, answers, wrong=3)
 
 
 def test_a_holders_policy_worked_by_hand() -> None:

@@ -215,23 +215,21 @@ class Holders:
             wire.CLIP_RANGE: 1.0,
             wire.PRECISION_BITS: 16,
             wire.WEIGHT_BITS: 10,
-            wire.ROSTER: list(range(holders)),
         }
+        self.roster = {**self.config, wire.ROSTER: list(range(holders))}
+        for state in self.states:  # the key round's last message
+            client_half.pin_roster(self.roster, self.keyset, state, wire.HolderPolicy())
         self.sent: dict[int, tuple[int, dict[str, np.ndarray]]] = {}  # update: sender, parts
         self.deltas: dict[int, np.ndarray] = {}
 
     def mask(self, update: int, sender: int) -> None:
         self.deltas[update] = np.linspace(-0.5, 0.5, 10) * (update + 1) / 10
         config = {**self.config, wire.UPDATE: update, wire.SENDER: sender}
-        parts = client_half.masked_parts(
-            config, self.deltas[update], self.keyset, self.states[sender]
-        )
+        parts = client_half.masked_parts(config, self.deltas[update], {}, self.states[sender])
         self.sent[update] = (sender, parts)
 
-    def check(
-        self, j: int, updates: list[int], keys: dict | None = None, **shares: np.ndarray
-    ) -> dict[str, np.ndarray]:
-        parts = {**(keys or self.keyset)}
+    def check(self, j: int, updates: list[int], **shares: np.ndarray) -> dict[str, np.ndarray]:
+        parts = {}
         for u in updates:
             parts[wire.update_share_name(u)] = self.sent[u][1][wire.share_name(j)]
         parts.update({wire.update_share_name(int(u)): v for u, v in shares.items()})
@@ -309,28 +307,81 @@ def test_a_request_weighing_one_client_alone_is_refused_by_every_honest_holder(
 
 def test_an_update_the_server_sealed_itself_or_a_swapped_key_is_refused() -> None:
     """Attack 3: a buffer {A, F} where F is sealed by the server under a key pair of its own,
-    naming client 1 or an unknown client as sender. The holder opens shares only with the
-    keys it pinned at its first message, so F fails the check and {A, F} is refused; a
-    request bringing the server's key in place of client 1's is refused outright."""
+    naming client 1 as sender. Holders open shares only with the keys pinned in the key
+    round, so F fails the check and {A, F} is refused; a later roster bringing the
+    server's key in place of client 1's is refused outright."""
     from fedstale.common.secagg.sealing import context, new_private_key, public_key, seal
 
     fed = Holders()
     fed.mask(0, sender=0)
     server_private = new_private_key()
     shares = fed.code.encode(random_elements(10))
+    digest = client_half.roster_of(fed.states[0]).digest
+    server_key = np.frombuffer(public_key(server_private), np.uint8)
+    swapped = {**fed.keyset, wire.key_name(1): server_key}
     for j in range(4):
-        fed.check(j, [0])  # pins the roster at holder j (a task would too)
         holder_key = bytes(fed.keyset[wire.key_name(j)])
-        forged = seal(shares[j], server_private, holder_key, context(7, 1, j))
+        forged = seal(shares[j], server_private, holder_key, context(7, 1, j, digest))
         fed.sent[7] = (1, {wire.share_name(j): forged})
         checked = fed.check(j, [0, 7])
         assert list(checked[wire.OPENED]) == [0] and list(checked[wire.FAILED]) == [7]
         with pytest.raises(wire.Refused, match=r"update\(s\) \[7\] not opened"):
             fed.unmask(j, [0, 7], [1024, 1024])
-        server_key = np.frombuffer(public_key(server_private), np.uint8)
-        swapped = {**fed.keyset, wire.key_name(1): server_key}
-        with pytest.raises(wire.Refused, match="differ from those pinned"):
-            fed.check(j, [0, 7], keys=swapped)
+        refusal = "own key is not in the roster" if j == 1 else "differ from those pinned"
+        with pytest.raises(wire.Refused, match=refusal):
+            client_half.pin_roster(fed.roster, swapped, fed.states[j], wire.HolderPolicy())
+
+
+def test_a_forged_roster_at_a_holder_opens_no_honest_share() -> None:
+    """A holder that pinned a roster where client 1's key is the server's (the server lied
+    to it in the key round): the honest clients sealed under the honest roster's digest,
+    so their shares do not open there; the server's F opens only there. No holder can
+    answer for {A, F}."""
+    from fedstale.common.secagg.sealing import context, new_private_key, public_key, seal
+
+    fed = Holders()
+    fed.mask(0, sender=0)
+    server_private = new_private_key()
+    server_key = np.frombuffer(public_key(server_private), np.uint8)
+    lied_to: dict[str, np.ndarray] = {"secagg.private-key": fed.states[3]["secagg.private-key"]}
+    forged_keys = {**fed.keyset, wire.key_name(1): server_key}
+    client_half.pin_roster(fed.roster, forged_keys, lied_to, wire.HolderPolicy())
+    digest = client_half.roster_of(lied_to).digest
+    share = fed.code.encode(random_elements(10))[3]
+    forged = seal(
+        share, server_private, bytes(fed.keyset[wire.key_name(3)]), context(7, 1, 3, digest)
+    )
+    config = {**fed.config, wire.HOLDER: 3, wire.UPDATES: [0, 7], wire.SENDERS: [0, 1]}
+    parts = {wire.update_share_name(0): fed.sent[0][1][wire.share_name(3)]}
+    parts[wire.update_share_name(7)] = forged
+    checked = client_half.checked_parts(config, parts, lied_to)
+    assert list(checked[wire.OPENED]) == [7] and list(checked[wire.FAILED]) == [0]
+
+
+@pytest.mark.parametrize(
+    ("privacy", "recovery", "refusal"),
+    [
+        (1, 2, "U must exceed N/2"),  # two disjoint pairs of holders could each decode
+        (0, 3, "below this client's 1"),  # T = 0: one holder's share is the mask's piece
+        (3, 3, "not 0 <= T < U <= N"),
+    ],
+)
+def test_a_code_the_client_did_not_agree_to_is_refused_in_the_key_round(
+    privacy: int, recovery: int, refusal: str
+) -> None:
+    """Finding of the review: N, T and U came from the server alone. A client now checks
+    the code against its own floor on T, 2U > N and U + T >= N before it pins, and refuses
+    a mask task whose code is not the pinned one."""
+    fed = Holders()
+    fresh: dict[str, np.ndarray] = {}
+    client_half.own_key(fresh)
+    keyset = {**fed.keyset, wire.key_name(0): client_half.own_key(fresh)}
+    roster = {**fed.roster, wire.PRIVACY: privacy, wire.RECOVERY: recovery}
+    with pytest.raises(wire.Refused, match=refusal):
+        client_half.pin_roster(roster, keyset, fresh, wire.HolderPolicy())
+    other = {**fed.config, wire.RECOVERY: 4, wire.UPDATE: 9, wire.SENDER: 0}
+    with pytest.raises(wire.Refused, match="not the pinned"):
+        client_half.masked_parts(other, np.zeros(10), {}, fed.states[0])
 
 
 def _answer_once(state: dict, folder: str, barrier: Any, results: Any) -> None:
@@ -440,8 +491,8 @@ def test_a_holder_answering_at_random_is_named_and_every_buffer_recovered_from_t
 def test_two_holders_answering_at_random_drop_the_buffer_never_a_wrong_model(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Six holders, U = 4: two wrong answers of six cannot be told apart from two right
-    ones, so each buffer is dropped with one line and the model never moves wrongly."""
+    """Six holders, U = 4, secagg-wrong-answers 1: with two wrong answers no five agree, so
+    each buffer is dropped with one line and the model never moves wrongly."""
     run, params = load_config(
         {**BASE, **SECURE, "runs-dir": str(tmp_path), "run-name": "liars", "max-updates": 9}
     )
@@ -450,7 +501,7 @@ def test_two_holders_answering_at_random_drop_the_buffer_never_a_wrong_model(
     summary = run_experiment(run, params, watched)
     assert summary["versions"] == 0 and summary["secure_aggregation"]["buffers_dropped"] == 3
     assert not checked
-    assert caplog.text.count("6 holders answered: the 6 answers disagree") == 3
+    assert caplog.text.count("no 5 of the 6 answers agree: more than 1 wrong") == 3
 
 
 @pytest.mark.parametrize("spoil", ["garbage", "replay"])
@@ -640,12 +691,14 @@ def keyed_stage(holders: int = 3) -> SecureAggregation:
     stage = SecureAggregation(run, ParamLayout(("w",), ((4,),)))
 
     def exchange(requests: list, needed: int, seconds: float) -> list:
+        def answer(config: dict) -> dict:
+            if config[wire.STAGE] == wire.ROSTER_STAGE:
+                return {wire.PINNED: np.zeros(64, np.uint8)}
+            return {wire.PUBLIC_KEY: client_half.own_key({})}
+
         return [
-            (
-                client,
-                Reply(f"k{client}", sets={wire.SET: {wire.PUBLIC_KEY: client_half.own_key({})}}),
-            )
-            for client, _, _ in requests
+            (client, Reply(f"k{client}", sets={wire.SET: answer(config)}))
+            for client, config, _ in requests
         ]
 
     stage.started(exchange, list(range(holders)))

@@ -23,6 +23,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,9 @@ from fedstale.common.secagg.sealing import (
 log = logging.getLogger("fedstale")
 PRIVATE = "secagg.private-key"
 USED = "secagg.used"
-ROSTER_CLIENTS = "secagg.roster-clients"  # pinned at the first message that names holders
+ROSTER_CLIENTS = "secagg.roster-clients"  # pinned in the key round
 ROSTER_KEYS = "secagg.roster-keys"
+ROSTER_CODE = "secagg.roster-code"  # N, T, U
 PENDING_UPDATES = "secagg.pending-updates"  # the shares opened at the last check
 PENDING_SENDERS = "secagg.pending-senders"
 PENDING_SHARES = "secagg.pending-shares"
@@ -74,24 +76,67 @@ def own_key(state: MutableMapping[str, np.ndarray]) -> np.ndarray:
     return np.frombuffer(public_key(private_key(state)), dtype=np.uint8)
 
 
-def pinned_roster(
-    config: Mapping[str, Any], keys: Mapping[str, np.ndarray], state: Any
-) -> tuple[list[int], list[bytes]]:
-    """The holders (client ids) and their public keys as first seen; a later message naming
-    others is refused, so the server cannot swap a key between the mask and the unmask."""
+def pin_roster(
+    config: Mapping[str, Any],
+    keys: Mapping[str, np.ndarray],
+    state: Any,
+    policy: wire.HolderPolicy,
+) -> dict[str, np.ndarray]:
+    """The key round's last message: the holders (client ids), their keys and the code,
+    checked against this client's policy and its own key, pinned for the run. A second
+    roster that differs is refused."""
+    named_code = [int(config[name]) for name in (wire.HOLDERS, wire.PRIVACY, wire.RECOVERY)]
+    refusal = policy.code_refusal(*named_code)
+    if refusal:
+        raise Refused(refusal)
+    code = wire.code_of(config)
     clients = np.asarray([int(c) for c in config[wire.ROSTER]], np.int64)
     named = [bytes(np.asarray(keys[wire.key_name(j)], np.uint8)) for j in range(len(clients))]
-    if any(len(key) != 32 for key in named):
-        raise Refused("a holder's public key is not 32 bytes")
-    as_array = np.frombuffer(b"".join(named), np.uint8).reshape(len(clients), 32)
-    if ROSTER_CLIENTS not in state:
-        state[ROSTER_CLIENTS], state[ROSTER_KEYS] = clients, as_array.copy()
-    elif not (
-        np.array_equal(state[ROSTER_CLIENTS], clients)
-        and np.array_equal(state[ROSTER_KEYS], as_array)
+    if len(clients) != code.holders or any(len(key) != 32 for key in named):
+        raise Refused(f"a roster of {len(clients)} holders and keys for a code of {code.holders}")
+    if bytes(own_key(state)) not in named:
+        raise Refused("this client's own key is not in the roster")
+    pinned = {
+        ROSTER_CLIENTS: clients,
+        ROSTER_KEYS: np.frombuffer(b"".join(named), np.uint8).reshape(len(clients), 32).copy(),
+        ROSTER_CODE: np.array([code.holders, code.privacy, code.recovery], np.int64),
+    }
+    if ROSTER_CLIENTS in state and any(
+        not np.array_equal(state[name], value) for name, value in pinned.items()
     ):
-        raise Refused("the holders or their keys differ from those pinned at the first message")
-    return [int(c) for c in state[ROSTER_CLIENTS]], [bytes(k) for k in state[ROSTER_KEYS]]
+        raise Refused("the holders, their keys or the code differ from those pinned")
+    state.update(pinned)
+    return {wire.PINNED: np.frombuffer(roster_of(state).digest.encode(), np.uint8)}
+
+
+@dataclass(frozen=True)
+class Roster:
+    """What this client pinned in the key round."""
+
+    clients: list[int]
+    keys: list[bytes]
+    code: tuple[int, int, int]  # N, T, U
+
+    @property
+    def digest(self) -> str:
+        return wire.roster_digest(self.clients, self.keys, self.code)
+
+    def check_code(self, config: Mapping[str, Any]) -> None:
+        code = wire.code_of(config)
+        if (code.holders, code.privacy, code.recovery) != self.code:
+            raise Refused(f"the code of this message is not the pinned {self.code}")
+
+
+def roster_of(state: Any) -> Roster:
+    """The roster pinned in the key round (Refused when none was)."""
+    if ROSTER_CLIENTS not in state:
+        raise Refused("no roster was pinned in the key round")
+    code = tuple(int(v) for v in state[ROSTER_CODE])
+    return Roster(
+        [int(c) for c in state[ROSTER_CLIENTS]],
+        [bytes(k) for k in np.asarray(state[ROSTER_KEYS], np.uint8)],
+        (code[0], code[1], code[2]),
+    )
 
 
 def masked_parts(
@@ -102,18 +147,19 @@ def masked_parts(
     code, quantiser = wire.code_of(config), wire.quantiser_of(config)
     if delta.shape != (code.length,):
         raise ValueError(f"the update has {delta.size} values, the task {code.length}")
-    clients, holder_keys = pinned_roster(config, keys, state)
+    roster = roster_of(state)
+    roster.check_code(config)
     update, sender, own = int(config[wire.UPDATE]), int(config[wire.SENDER]), private_key(state)
-    if len(clients) != code.holders:
-        raise Refused(f"{len(clients)} holders named, the code has {code.holders}")
-    if sender not in clients or holder_keys[clients.index(sender)] != public_key(own):
+    if sender not in roster.clients or roster.keys[roster.clients.index(sender)] != public_key(own):
         raise Refused(f"client {sender}'s own key is not the one the holders were given")
     mask = random_elements(code.length)
     shares = code.encode(mask)
     masked = to_wire(add(quantiser.quantise(delta), mask))
     parts = {wire.MASKED: masked, wire.PUBLIC_KEY: own_key(state)}
+    digest = roster.digest
     for j in range(code.holders):
-        parts[wire.share_name(j)] = seal(shares[j], own, holder_keys[j], context(update, sender, j))
+        bound = context(update, sender, j, digest)
+        parts[wire.share_name(j)] = seal(shares[j], own, roster.keys[j], bound)
     return parts
 
 
@@ -122,15 +168,15 @@ def checked_parts(
 ) -> dict[str, np.ndarray]:
     """Open this holder's share of each update of a buffer with the sender's pinned key;
     keep those that open for the unmask; say which did not. Gives nothing of a mask."""
-    clients, keys = pinned_roster(config, parts, state)
+    roster = roster_of(state)
     holder, own = int(config[wire.HOLDER]), private_key(state)
-    if not 0 <= holder < len(keys) or keys[holder] != public_key(own):
+    if not 0 <= holder < len(roster.keys) or roster.keys[holder] != public_key(own):
         raise Refused(f"asked as holder {holder}, whose pinned key is not this client's")
     used = answered(state)
     opened: list[tuple[int, int, np.ndarray]] = []
     failed: list[int] = []
     for update, sender in zip(config[wire.UPDATES], config[wire.SENDERS], strict=True):
-        share = opened_share(parts, int(update), int(sender), holder, own, clients, keys, used)
+        share = opened_share(parts, int(update), int(sender), holder, own, roster, used)
         if share is None:
             failed.append(int(update))
         else:
@@ -150,8 +196,7 @@ def opened_share(
     sender: int,
     holder: int,
     own: bytes,
-    clients: list[int],
-    keys: list[bytes],
+    roster: Roster,
     used: set[int],
 ) -> np.ndarray | None:
     """One update's share for this holder, or None (logged) when it cannot be used."""
@@ -159,14 +204,14 @@ def opened_share(
     sealed = parts.get(wire.update_share_name(update))
     if update in used:
         why = "already answered for"
-    elif sender not in clients:
+    elif sender not in roster.clients:
         why = f"its sender, client {sender}, holds no pinned key"
     elif sealed is None:
         why = "no share came with the request"
     else:
         try:
-            bound = context(update, sender, holder)
-            return unseal(sealed, own, keys[clients.index(sender)], bound)
+            bound = context(update, sender, holder, roster.digest)
+            return unseal(sealed, own, roster.keys[roster.clients.index(sender)], bound)
         except Unsealable:
             why = "its share does not open (altered, replayed, or sealed for another update)"
     log.warning("secure aggregation: update %d of client %d: %s", update, sender, why)
@@ -218,6 +263,9 @@ def claim(state: Any, updates: Sequence[int]) -> None:
     cannot both find an update unanswered. Refused if any was answered before."""
     path = answered_path(state)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    folder = path.parent.stat()
+    if folder.st_uid != os.getuid() or folder.st_mode & 0o077:
+        raise Refused(f"{path.parent} is not private to this user: no answer is recorded there")
     with path.open("a+") as record:
         fcntl.flock(record, fcntl.LOCK_EX)
         try:
@@ -268,6 +316,9 @@ def secure_work(
     incoming = dict((sets or {}).get(wire.SET, {}))
     if stage == wire.KEYS:
         return {}, {}, {wire.SET: {wire.PUBLIC_KEY: own_key(state)}}
+    if stage == wire.ROSTER_STAGE:  # refused: an error reply, its reason for the server
+        held = policy or wire.HolderPolicy()
+        return {}, {}, {wire.SET: pin_roster(config, incoming, state, held)}
     if stage in (wire.CHECK, wire.UNMASK):
         try:
             return {}, {}, {wire.SET: holder_work(stage, config, incoming, state, policy)}
@@ -306,6 +357,7 @@ def secure_train(
         min_weight_ratio=cfg.secagg_min_weight_ratio,
         weight_bits=cfg.secagg_weight_bits,
         rule=cfg.strategy,
+        privacy=cfg.secagg_privacy,
     )
     return secure_work(
         config,
@@ -321,13 +373,15 @@ def secagg_mod(
     min_clients: int | None = None,
     min_weight_ratio: float | None = None,
     weight_bits: int | None = None,
+    privacy: int | None = None,
 ) -> Mod:
     """Secure aggregation's client half for a ClientApp's train handler (see above).
 
     A holder's policy is the client's, never the server's: each argument left None is read
     from the run config (`secagg-min-clients`, `secagg-min-weight-ratio`,
-    `secagg-weight-bits`, as `flwr run` passes them to the ClientApp), else its default
-    (2, 1/16, 10)."""
+    `secagg-weight-bits`, `secagg-privacy`, as `flwr run` passes them to the ClientApp),
+    else its default (2, 1/16, 10, -1: a third of the holders). `privacy` is the least T
+    (colluding holders that learn nothing) this client accepts in the key round."""
 
     def policy_of(context: Context) -> wire.HolderPolicy:
         base = wire.HolderPolicy.of(context.run_config)
@@ -338,6 +392,7 @@ def secagg_mod(
             ),
             weight_bits=base.weight_bits if weight_bits is None else weight_bits,
             rule=base.rule,
+            privacy=base.privacy if privacy is None else privacy,
         )
 
     def mod(msg: Message, context: Context, call_next: ClientAppCallable) -> Message:

@@ -207,7 +207,7 @@ class RunConfig(KebabModel):
     secagg_weight_bits: int = Field(10, ge=1, le=20)
     secagg_min_clients: int = Field(2, ge=2)
     secagg_min_weight_ratio: float = Field(0.0625, gt=0, le=1)  # a holder's smallest W / largest
-    secagg_spare_holders: int = Field(1, ge=1)  # answers beyond U asked first, to check them
+    secagg_wrong_answers: int = Field(1, ge=1)  # f: wrong holder answers a decode withstands
     secagg_timeout: float = Field(60.0, gt=0)
 
     clock: Literal["virtual", "wall"] = "virtual"

@@ -211,7 +211,15 @@ class SecureAggregation:
                 f"secure aggregation: secagg-recovery {recovery} is at most half of the "
                 f"{holders} holders; raise it above {holders // 2}"
             )
+        if recovery + privacy < holders:
+            # the N - U holders left after a decode could give a second combination of an
+            # update: more than T shares of its mask
+            raise SecureAggregationError(
+                f"secure aggregation: secagg-recovery {recovery} plus secagg-privacy "
+                f"{privacy} is below the {holders} holders; raise one of them"
+            )
         self.code = MaskCode(holders, privacy, recovery, self.length)
+        self.pin_roster(exchange)
         log.info(
             "secure aggregation: %d holders, any %d recover a buffer, any %d learn nothing; "
             "holders answer for %d or more clients, %s weights within %g of a buffer's largest",
@@ -244,6 +252,29 @@ class SecureAggregation:
         self.holders = sorted(answered)
         self.keys = [answered[client] for client in self.holders]
 
+    def pin_roster(self, exchange: Exchange) -> None:
+        """The key round's last message: every holder pins the roster and the code, after
+        checking the code against its own policy; too few pinned: one line."""
+        code = self.ready()
+        config = {wire.STAGE: wire.ROSTER_STAGE, wire.ROSTER: list(self.holders)}
+        config |= self.code_config(code)
+        sets = {wire.SET: wire.keys_array(self.keys)}
+        requests: list[Request] = [(client, config, sets) for client in self.holders]
+        pinned, refusals = 0, []
+        for client, reply in exchange(requests, len(requests), self.run.node_wait_seconds):
+            if reply.error_code is None and wire.PINNED in reply.sets.get(wire.SET, {}):
+                pinned += 1
+            else:
+                refusals.append(f"client {client}: {reply.error or 'no answer'}")
+        for refusal in refusals:
+            log.warning("secure aggregation: roster not pinned by %s", refusal)
+        if pinned < code.recovery + self.run.secagg_wrong_answers:
+            raise SecureAggregationError(
+                f"secure aggregation: {pinned} of the {code.holders} holders pinned the roster, "
+                f"{code.recovery + self.run.secagg_wrong_answers} needed; first refusal: "
+                f"{refusals[0] if refusals else 'none'}"
+            )
+
     def thresholds(self, holders: int) -> tuple[int, int, int]:
         """(N, T, U): T and U as set, else T = N // 3 and U = N - N // 3 (a third may drop)."""
         privacy = self.run.secagg_privacy if self.run.secagg_privacy >= 0 else holders // 3
@@ -261,7 +292,6 @@ class SecureAggregation:
             )
         config = {
             wire.STAGE: wire.MASK,
-            wire.ROSTER: list(self.holders),
             wire.RETURNS: carries,
             wire.HOLDERS: code.holders,
             wire.PRIVACY: code.privacy,
@@ -273,9 +303,7 @@ class SecureAggregation:
             wire.UPDATE: task_id,
             wire.SENDER: client,
         }
-        sets = {wire.SET: wire.keys_array(self.keys)}
-        self.counts.bytes_out += sum(len(k) for k in self.keys)
-        return config, sets
+        return config, {}
 
     def sent(self, task_id: int, start: np.ndarray, returns: str) -> None:
         if returns == RETURN_MODEL:
@@ -335,7 +363,7 @@ class SecureAggregation:
         """Recover the released buffer's weighted sum and add it to the rule's model; False:
         the buffer dropped (one line), the model as it was.
 
-        One round when all is well: U + spare holders are sent their sealed shares and the
+        One round when all is well: U + f holders are sent their sealed shares and the
         weights; each opens every share and, if all open, answers at once; the answers are
         checked against each other (`decode_checked`). Where a share did not open, the
         holders that answered have spent their one answer on these updates, so the rest
@@ -382,6 +410,12 @@ class SecureAggregation:
             )
         factors, top = buffer.factors(self.quantiser)
         total = subtract(weighted_sum([kept[t].vector for t in buffer.tasks], factors), mask)
+        if not self.quantiser.in_range(total, factors):
+            return self.drop(
+                len(weights),
+                "the decoded sum is outside what its updates can sum to: more "
+                "holders answered wrongly than secagg-wrong-answers covers",
+            )
         summed = self.quantiser.decode(total, top)
         strategy.model = (strategy.model.astype(np.float64) + summed).astype(np.float32)
         self.counts.buffers += 1
@@ -403,13 +437,13 @@ class SecureAggregation:
         self, code: MaskCode, answers: dict[int, np.ndarray]
     ) -> tuple[np.ndarray, list[int]] | str:
         """The mask and the holders whose answers did not fit, or why not (a line)."""
-        if len(answers) < code.recovery + 1:
+        if len(answers) < self.needed(code):
             return (
-                f"{len(answers)} of the {code.holders} holders answered, {code.recovery + 1} "
-                "needed (secagg-recovery and one spare to check the answers)"
+                f"{len(answers)} of the {code.holders} holders answered, {self.needed(code)} "
+                "needed (secagg-recovery plus secagg-wrong-answers)"
             )
         try:
-            return decode_checked(code, answers)
+            return decode_checked(code, answers, self.run.secagg_wrong_answers)
         except Disagreement as err:
             return f"{len(answers)} of the {code.holders} holders answered: {err}"
 
@@ -420,10 +454,13 @@ class SecureAggregation:
         order = [(first + k) % code.holders for k in range(code.holders)]
         return sorted(order, key=lambda j: j in self.silent)
 
+    def needed(self, code: MaskCode) -> int:
+        """Answers a decode needs: U, and f more so that f wrong ones cannot pass."""
+        return code.recovery + self.run.secagg_wrong_answers
+
     def first_wave(self, code: MaskCode) -> list[int]:
-        """U + spare holders: with one spare a wrong answer is seen, and the holders not
-        asked yet are asked when the answers disagree (two spares correct one at once)."""
-        return self.order(code)[: code.recovery + self.run.secagg_spare_holders]
+        """U + f holders; when their answers disagree, those not asked yet are asked."""
+        return self.order(code)[: code.recovery + self.run.secagg_wrong_answers]
 
     def open_and_answer(
         self, code: MaskCode, buffer: Buffer, holders: Sequence[int], exchange: Exchange
@@ -441,7 +478,7 @@ class SecureAggregation:
         alive = [j for j in holders if j not in self.silent]
         # every holder that replied last time; holders silent then are asked but not waited
         # for, unless fewer than U + 1 are left (a dead holder costs no timeout)
-        needed = max(len(alive), min(len(holders), code.recovery + 1))
+        needed = max(len(alive), min(len(holders), self.needed(code)))
         answers: dict[int, np.ndarray] = {}
         reports: dict[int, set[int]] = {}
         replies = exchange(requests, needed, self.run.secagg_timeout)
@@ -472,10 +509,10 @@ class SecureAggregation:
         unspent = [j for j in range(code.holders) if j not in answers]
         opened = self.check(code, buffer, unspent, exchange)
         tasks, able = self.usable(code, buffer, opened)
-        if len(able) < code.recovery + 1:
+        if len(able) < self.needed(code):
             return buffer, (
                 f"{len(able)} of the {code.holders} holders can answer for it, "
-                f"{code.recovery + 1} needed (secagg-recovery and one spare to check the answers)"
+                f"{self.needed(code)} needed (secagg-recovery plus secagg-wrong-answers)"
             )
         problem = self.too_few_clients(tasks, buffer.kept)
         if problem:
@@ -541,9 +578,9 @@ class SecureAggregation:
     ) -> tuple[list[int], list[int]]:
         """The updates whose shares opened widely enough, and the holders at which every one
         of them opened. An update whose shares failed at more holders than can be spared
-        (all but U + 1 of those that checked) is its sender's fault or a replay: dropped,
+        (all but U + f of those that checked) is its sender's fault or a replay: dropped,
         named with its client; a holder at which a kept update failed is left out."""
-        spare = len(opened) - (code.recovery + 1)
+        spare = len(opened) - self.needed(code)
         good = []
         for task in buffer.tasks:
             failed = sum(task not in updates for updates in opened.values())
@@ -583,7 +620,6 @@ class SecureAggregation:
         return {
             wire.UPDATES: list(buffer.tasks),
             wire.SENDERS: [buffer.kept[t].client for t in buffer.tasks],
-            wire.ROSTER: list(self.holders),
             **self.code_config(code),
         }
 
@@ -644,9 +680,8 @@ class SecureAggregation:
         )
 
     def holder_parts(self, holder: int, buffer: Buffer) -> dict:
-        """A holder's array set: the roster's keys (which it compares with those it pinned)
-        and its sealed share of each update."""
-        parts: dict[str, np.ndarray] = wire.keys_array(self.keys)
+        """A holder's array set: its sealed share of each update."""
+        parts: dict[str, np.ndarray] = {}
         for task in buffer.tasks:
             parts[wire.update_share_name(task)] = buffer.kept[task].shares[holder]
         return parts

@@ -146,37 +146,38 @@ def fits(code: MaskCode, holders: Sequence[int], shares: np.ndarray) -> bool:
 
 
 def decode_checked(
-    code: MaskCode, answers: dict[int, np.ndarray], combinations: int = 5000
+    code: MaskCode, answers: dict[int, np.ndarray], wrong: int = 1, combinations: int = 5000
 ) -> tuple[np.ndarray, list[int]]:
-    """The mask from n > U holders' answers, and the holders whose answers do not fit.
+    """The mask from the holders' answers, and the holders whose answers do not fit: the
+    decode is right whenever at most `wrong` (f) answers are wrong, however they were made.
 
-    Answers that fit one polynomial are searched excluding k = 0, 1, ... holders; the first
-    k at which exactly one choice leaves n - k >= U + 1 answers that fit is taken, and only
-    while k <= (n - U) / 2. Such a set is the true one whenever at most n - U - k answers
-    are wrong (a wrong set that fits would need U + 1 - (U - 1) = 2 or more wrong answers
-    agreeing with fewer than U honest ones): a lone wrong answer is always found and
-    excluded once n >= U + 2, and two or more only while they are few. Otherwise
-    Disagreement: the caller drops the buffer rather than release a sum it cannot trust."""
+    A set of m >= U + f answers that fit one polynomial of degree U - 1 holds at least U
+    right answers when at most f are wrong, and U right answers fix the polynomial: so it
+    is the true one, and any answer off it is wrong. The answers are searched excluding
+    k = 0, 1, ... holders while n - k >= U + f; every set that fits at the first such k
+    must give the same mask (else more than f are wrong: Disagreement). With fewer than
+    U + f answers, or none fitting, Disagreement: the caller drops the buffer rather than
+    release a sum it cannot trust. Colluding holders (up to T) are covered with f = T."""
     holders = sorted(answers)
-    n, u = len(holders), code.recovery
-    if n < u + 1:
-        raise Disagreement(f"{n} answers cannot be checked: at least {u + 1} are needed")
+    n, needed = len(holders), code.recovery + wrong
+    if n < needed:
+        raise Disagreement(f"{n} answers cannot be checked: at least {needed} are needed")
     tried = 0
-    for k in range(0, (n - u) // 2 + 1):
-        if n - k < u + 1:
-            break
-        found: list[tuple[list[int], list[int]]] = []
+    for k in range(0, n - needed + 1):
+        decoded: list[tuple[np.ndarray, list[int]]] = []
         for left_out in itertools.combinations(holders, k):
             tried += 1
             if tried > combinations:
                 raise Disagreement("too many answers disagree to search which are wrong")
             kept = [j for j in holders if j not in left_out]
             if fits(code, kept, np.stack([answers[j] for j in kept])):
-                found.append((kept, list(left_out)))
-        if len(found) == 1:
-            kept, wrong = found[0]
-            base = kept[:u]
-            return code.decode(base, np.stack([answers[j] for j in base])), wrong
-        if len(found) > 1:
-            raise Disagreement(f"{len(found)} different sets of answers fit: cannot tell which")
-    raise Disagreement(f"the {n} answers disagree, too few spare to tell which are wrong")
+                base = kept[: code.recovery]
+                mask = code.decode(base, np.stack([answers[j] for j in base]))
+                decoded.append((mask, list(left_out)))
+        if decoded:
+            if any(not np.array_equal(mask, decoded[0][0]) for mask, _ in decoded):
+                raise Disagreement(f"more than {wrong} of the {n} answers are wrong")
+            return decoded[0][0], sorted(set().union(*(set(w) for _, w in decoded)))
+    raise Disagreement(
+        f"no {needed} of the {n} answers agree: more than {wrong} wrong (secagg-wrong-answers)"
+    )

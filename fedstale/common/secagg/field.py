@@ -51,6 +51,14 @@ class Quantiser:
         signed = np.where(values > self.prime // 2, values - self.prime, values)
         return signed.astype(np.float64) * (top / 2.0 ** (self.precision_bits + self.weight_bits))
 
+    def in_range(self, total: np.ndarray, factors: Sequence[int]) -> bool:
+        """Whether a decoded weighted sum (field elements) is one that deltas within
+        [-R, R] can give: every coordinate at most sum_i |W_i| R 2^f in magnitude."""
+        values = np.asarray(total, np.int64)
+        signed = np.where(values > self.prime // 2, values - self.prime, values)
+        largest = sum(abs(int(f)) for f in factors) * int(self.clip_range * 2**self.precision_bits)
+        return bool(np.all(np.abs(signed) <= largest))
+
     def fits(self, count: int) -> bool:
         """Whether a weighted sum of `count` updates always decodes: at most
         count 2^g R 2^f in magnitude, below p / 2."""

@@ -4,15 +4,20 @@ task config and the same named array set, "secagg", in both directions):
 - keys: a train message with `secagg-stage=keys`; the client answers with its X25519
   public key (generated once per run and kept in its state). The server sends it to every
   node before the first task: those that answer are the holders, in client order.
-- mask: every train task carries `secagg-stage=mask`, the code (N, T, U), the quantiser,
-  the update's id and the holders' public keys. The client trains as usual, then replies,
+- roster: still in the key round, every holder is sent the roster (the holders' client ids
+  and keys) and the code (N, T, U). It checks the code against its own policy (T at least
+  its floor, 2U > N, U + T >= N) and its own key at its own id, and pins both for the run;
+  it refuses any other roster later. Every share is sealed under the pinned roster's
+  digest, so nothing the server sends after the key round can change whose keys count.
+- mask: every train task carries `secagg-stage=mask`, the code, the quantiser and the
+  update's id. The client trains as usual, then replies,
   instead of its model or delta, with its quantised delta plus a fresh random mask (field
   elements, `masked`), the mask's N shares each sealed for its holder (`share-<j>`), and
   its public key. Its metrics go unchanged.
-- unmask: to release a buffer, the server sends U + spare holders the buffer's updates (ids,
-  senders, integer weights W_i), the roster's keys and each holder's sealed share of each
-  update. The holder opens each share with the sender's key as pinned at its first message
-  (never a key the request names). If all open, it answers sum_i W_i [z_i]_j
+- unmask: to release a buffer, the server sends U + f holders the buffer's updates (ids,
+  senders, integer weights W_i) and each holder's sealed share of each update. The holder
+  opens each share with the sender's key as pinned in the key round (never a key the
+  request names). If all open, it answers sum_i W_i [z_i]_j
   (`aggregate`) under its own policy (`HolderPolicy`, set on the client side, never by the
   request): at least `secagg-min-clients` distinct senders, every W_i within
   [ratio 2^g, 2^g] with the largest 2^g, and each update answered once, ever (claimed
@@ -28,6 +33,7 @@ task config and the same named array set, "secagg", in both directions):
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +46,7 @@ from fedstale.common.secagg.field import Quantiser
 
 SET = "secagg"  # the named array set of every secure message, both ways
 STAGE = "secagg-stage"
-KEYS, MASK, CHECK, UNMASK = "keys", "mask", "check", "unmask"
+KEYS, ROSTER_STAGE, MASK, CHECK, UNMASK = "keys", "roster", "mask", "check", "unmask"
 HOLDERS = "secagg-holders"  # N
 PRIVACY = "secagg-privacy"  # T
 RECOVERY = "secagg-recovery"  # U
@@ -61,6 +67,7 @@ LENGTH = "secagg-length"  # d
 PUBLIC_KEY = "public-key"
 MASKED = "masked"
 AGGREGATE = "aggregate"
+PINNED = "pinned"  # roster: the digest of what the client pinned
 OPENED = "opened"  # check: the update ids whose shares opened at this holder
 FAILED = "failed"  # check: the update ids whose shares did not
 
@@ -78,6 +85,24 @@ class HolderPolicy:
     min_weight_ratio: float = 1 / 16  # the smallest W_i over the largest
     weight_bits: int = 10  # g: the largest W_i is 2^g
     rule: str = ""  # the run's rule, named in a refusal where the holder knows it
+    privacy: int = -1  # the least T this client accepts; -1: a third of the holders
+
+    def code_refusal(self, holders: int, privacy: int, recovery: int) -> str:
+        """Why this client refuses the code (N, T, U) the server names, or "": T below its
+        floor leaks masks to fewer colluders; U at most N/2 lets two disjoint sets of U
+        holders each decode a different sum of one update; U + T < N lets the N - U holders
+        left after a decode give a second combination of it, more than T shares."""
+        floor = self.privacy if self.privacy >= 0 else holders // 3
+        if not 0 <= privacy < recovery <= holders:
+            return f"the code T={privacy}, U={recovery}, N={holders} is not 0 <= T < U <= N"
+        if privacy < floor:
+            return f"secagg-privacy {privacy} is below this client's {floor}"
+        if 2 * recovery <= holders or recovery + privacy < holders:
+            return (
+                f"secagg-recovery {recovery} with secagg-privacy {privacy} and {holders} "
+                "holders: U must exceed N/2 and U + T reach N"
+            )
+        return ""
 
     def refusal(self, senders: Sequence[int], factors: Sequence[int]) -> str:
         """Why a holder refuses to answer for updates of `senders` weighed by `factors`
@@ -113,6 +138,7 @@ class HolderPolicy:
             min_weight_ratio=float(config.get(MIN_WEIGHT_RATIO, default.min_weight_ratio)),
             weight_bits=int(config.get(WEIGHT_BITS, default.weight_bits)),
             rule=str(config.get("strategy", "")),
+            privacy=int(config.get(PRIVACY, default.privacy)),
         )
 
 
@@ -147,6 +173,12 @@ def quantiser_of(config: Mapping[str, Any]) -> Quantiser:
         precision_bits=int(config[PRECISION_BITS]),
         weight_bits=int(config[WEIGHT_BITS]),
     )
+
+
+def roster_digest(clients: Sequence[int], keys: Sequence[bytes], code: Sequence[int]) -> str:
+    """What binds a share to one roster and code (sealing's context)."""
+    text = ",".join(str(int(c)) for c in [*clients, *code]).encode() + b"".join(keys)
+    return hashlib.sha256(text).hexdigest()
 
 
 def keys_array(keys: Sequence[bytes]) -> dict[str, np.ndarray]:

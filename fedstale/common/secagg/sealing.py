@@ -42,9 +42,11 @@ def public_key(private: bytes) -> bytes:
     )
 
 
-def context(update: int, sender: int, holder: int) -> bytes:
-    """What a sealed share is bound to: the update it masks, who sealed it, for whom."""
-    return f"update={update};sender={sender};holder={holder}".encode()
+def context(update: int, sender: int, holder: int, roster: str = "") -> bytes:
+    """What a sealed share is bound to: the update it masks, who sealed it, for whom, and
+    the roster and code both pinned (a digest): a share sealed under another roster than
+    the holder's own does not open."""
+    return f"update={update};sender={sender};holder={holder};roster={roster}".encode()
 
 
 @lru_cache(maxsize=1024)

@@ -57,6 +57,17 @@ class LedgerError(ConfigError):
     """A ledger that was rewound, edited or is not this lineage's: nothing is released."""
 
 
+class ForeignLineage(LedgerError):
+    """A whole, chained ledger of another lineage where the checkpoint's ledger was."""
+
+
+def untrusted(problem: str) -> LedgerError:
+    return LedgerError(
+        f"resume-from: the privacy ledger of this run's lineage cannot be trusted: {problem}; "
+        "restore it, or start a new run"
+    )
+
+
 def line_hash(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()
 
@@ -102,27 +113,32 @@ class Ledger:
                 f"resume-from: the checkpoint predates the chained privacy ledger "
                 f"({state['path']}): its releases cannot be checked; start a new run"
             )
-        candidates = [Path(state["path"])]
-        if near is not None and (near / LEDGER_FILE).resolve() != candidates[0].resolve():
-            candidates.append(near / LEDGER_FILE)
-        problems = []
-        for path in candidates:
-            if not path.is_file():
-                problems.append(f"{path} is missing")
-                continue
-            ledger = cls(path.resolve(), run)
+        recorded = Path(state["path"])
+        beside = near / LEDGER_FILE if near is not None else None
+        try:
+            return cls.checked(recorded, state, run)
+        except ForeignLineage as err:
+            # the run folder was overwritten: the lineage's ledger moved aside with the
+            # folder this resume reads its checkpoint from (only then is it looked for)
+            if beside is None or beside.resolve() == recorded.resolve():
+                raise untrusted(str(err)) from None
             try:
-                ledger.verify(state)
-            except LedgerError as err:
-                problems.append(str(err))
-                continue
-            if path != candidates[0]:
-                log.warning("privacy ledger: %s holds another lineage; using %s", *candidates)
-            return cls(path.resolve(), run)  # read again, from its first line, by the run
-        raise LedgerError(
-            f"resume-from: the privacy ledger of this run's lineage cannot be trusted: "
-            f"{'; '.join(problems)}; restore it, or start a new run"
-        )
+                ledger = cls.checked(beside, state, run)
+            except LedgerError as other:
+                raise untrusted(f"{err}; {other}") from None
+            log.warning("privacy ledger: %s holds another lineage; using %s", recorded, beside)
+            return ledger
+        except LedgerError as err:
+            raise untrusted(str(err)) from None
+
+    @classmethod
+    def checked(cls, path: Path, state: dict[str, Any], run: str) -> Ledger:
+        """The ledger at `path` verified against the checkpoint, as a reader that has seen
+        nothing yet (LedgerError: missing, rewound, edited; ForeignLineage)."""
+        if not path.is_file():
+            raise LedgerError(f"{path} is missing")
+        cls(path.resolve(), run).verify(state)
+        return cls(path.resolve(), run)
 
     def verify(self, state: dict[str, Any]) -> None:
         """The whole file read and chained; its lineage and its line at the checkpoint's
@@ -130,14 +146,14 @@ class Ledger:
         heads: dict[int, str] = {}
         with self.held(heads=heads):
             pass
+        if self.lineage and self.lineage != state["lineage"]:
+            raise ForeignLineage(f"{self.path} is another lineage's ledger ({self.lineage})")
         lines = int(state["lines"])
         if self.count < lines:
             raise LedgerError(
                 f"{self.path} holds {self.count} lines, the checkpoint counted {lines} "
                 "(lines were removed)"
             )
-        if self.lineage != state["lineage"]:
-            raise LedgerError(f"{self.path} is another lineage's ledger ({self.lineage or 'none'})")
         if heads.get(lines) != state["head"]:
             raise LedgerError(f"{self.path}: line {lines} is not the one the checkpoint recorded")
 
