@@ -378,14 +378,16 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
 
 
 def test_secure_aggregation_over_real_supernodes_with_a_holder_killed(tmp_path: Path) -> None:
-    """FedBuff with secure aggregation on 5 real SuperNodes (N = 5 holders, U = 3, T = 1):
-    one node is killed mid-run; every buffer is still unmasked and checked by the 4 holders
-    left (U and one spare answer), the run reaches its budget, nothing rejected or dropped."""
+    """FedBuff with secure aggregation on 5 real SuperNodes (N = 5 holders, U = 3, T = 2:
+    U + T reaches N): one node is killed mid-run; every buffer is still unmasked and checked
+    by the 4 holders left (U + f, f = 1), the run reaches its budget, nothing rejected or
+    dropped."""
     runs, log = tmp_path / "runs", tmp_path / "run.log"
     config = {
         **SMALL,
         "secure-aggregation": True,
         "secagg-recovery": 3,
+        "secagg-privacy": 2,
         "secagg-timeout": 20.0,
         "max-updates": 16,
         "runs-dir": str(runs),
@@ -403,6 +405,10 @@ def test_secure_aggregation_over_real_supernodes_with_a_holder_killed(tmp_path: 
             stop(process)
     summary = json.loads((runs / "secure" / "summary.json").read_text())
     secure = summary["secure_aggregation"]
-    assert (secure["holders"], secure["recovery_threshold"]) == (5, 3)
+    assert (secure["holders"], secure["recovery_threshold"], secure["privacy_threshold"]) == (
+        5,
+        3,
+        2,
+    )
     assert secure["buffers"] == summary["versions"] >= 6 and secure["buffers_dropped"] == 0
     assert summary["updates_rejected"] == 0 and summary["stop_reason"] == "update budget 16"
