@@ -503,3 +503,20 @@ def test_a_copy_of_the_folder_never_stands_in_for_a_damaged_or_missing_ledger(
     resume = {"max-versions": 12, "resume-from": str(tmp_path / "copy")}
     with pytest.raises(ConfigError, match="cannot be trusted"):
         run(tmp_path, "fork", **DP, **resume)
+
+
+def test_a_copy_beside_a_new_lineage_is_not_taken_for_a_moved_ledger(tmp_path: Path) -> None:
+    """The second review's finding: a copy of the run folder at its checkpoint, 4 more
+    releases on the lineage's ledger, the folder deleted and a new run started in its place:
+    a resume from the copy finds another lineage at the recorded path, and the copy (of
+    this lineage, but not moved there by --overwrite) is refused, not counted (4 of 8)."""
+    import shutil
+
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    shutil.copytree(tmp_path / "base", tmp_path / "copy")
+    run(tmp_path, "more", **DP, **{"max-versions": 8, "resume-from": str(tmp_path / "base")})
+    shutil.rmtree(tmp_path / "base")
+    run(tmp_path, "base", **DP, **{"max-versions": 4})
+    resume = {"max-versions": 12, "resume-from": str(tmp_path / "copy")}
+    with pytest.raises(ConfigError, match="no --overwrite moved it there"):
+        run(tmp_path, "fork", **DP, **resume)

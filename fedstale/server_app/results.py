@@ -19,6 +19,7 @@ import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.files import resume_folder
+from fedstale.server_app.privacy.ledger import LEDGER_FILE, mark_moved
 
 log = logging.getLogger("fedstale")
 DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
@@ -74,6 +75,8 @@ def claim_run_dir(run: RunConfig, name: str) -> Path:
             count += 1
             aside = folder.with_name(f"{name}.previous-{stamp}-{count}")
         folder.rename(aside)
+        if (aside / LEDGER_FILE).is_file():
+            mark_moved(aside / LEDGER_FILE)
         log.warning("overwrite: the earlier run in %s was moved to %s", folder, aside)
     return folder
 

@@ -38,6 +38,8 @@ log = logging.getLogger("fedstale")
 LEDGER_FILE = "privacy-ledger.jsonl"
 RELEASE = "release"  # a model this lineage released
 LINEAGE = "lineage"  # the first line: the lineage's random id
+MOVED = "moved"  # an --overwrite moved the run folder, ledger included, to `to`
+NOT_EVENTS = (LINEAGE, MOVED)
 PRIOR = "accountant"  # an event the accountant held when the lineage began (library door)
 EVENT_FIELDS = ("noise_multiplier", "sample_size", "population_size")
 
@@ -86,6 +88,7 @@ class Ledger:
         self.head = ""  # the hash of the last line read
         self.lineage = ""
         self.torn = 0  # bytes of a torn last line, cut off before the next append
+        self.moved_to: set[str] = set()  # where an --overwrite moved this ledger
         self._handle: IO[bytes] | None = None
 
     @classmethod
@@ -116,7 +119,8 @@ class Ledger:
         recorded = Path(state["path"])
         beside = near / LEDGER_FILE if near is not None else None
         try:
-            return cls.checked(recorded, state, run)
+            cls.checked(recorded, state, run)
+            return cls(recorded.resolve(), run)
         except ForeignLineage as err:
             # the run folder was overwritten: the lineage's ledger moved aside with the
             # folder this resume reads its checkpoint from (only then is it looked for)
@@ -126,19 +130,28 @@ class Ledger:
                 ledger = cls.checked(beside, state, run)
             except LedgerError as other:
                 raise untrusted(f"{err}; {other}") from None
+            if str(beside.resolve()) not in ledger.moved_to:
+                # a copy cannot be told from the lineage's ledger: releases made after the
+                # copy was taken would go uncounted; only a move by --overwrite is followed
+                raise untrusted(
+                    f"{err}; {beside} is of this lineage but no --overwrite moved it there "
+                    "(a copy may miss later releases)"
+                ) from None
             log.warning("privacy ledger: %s holds another lineage; using %s", recorded, beside)
-            return ledger
+            return cls(beside.resolve(), run)
         except LedgerError as err:
             raise untrusted(str(err)) from None
 
     @classmethod
     def checked(cls, path: Path, state: dict[str, Any], run: str) -> Ledger:
-        """The ledger at `path` verified against the checkpoint, as a reader that has seen
-        nothing yet (LedgerError: missing, rewound, edited; ForeignLineage)."""
+        """The ledger at `path` verified against the checkpoint (a reader that has read it
+        all: read it again from a fresh one); LedgerError: missing, rewound, edited;
+        ForeignLineage."""
         if not path.is_file():
             raise LedgerError(f"{path} is missing")
-        cls(path.resolve(), run).verify(state)
-        return cls(path.resolve(), run)
+        verified = cls(path.resolve(), run)
+        verified.verify(state)
+        return verified
 
     def verify(self, state: dict[str, Any]) -> None:
         """The whole file read and chained; its lineage and its line at the checkpoint's
@@ -207,7 +220,9 @@ class Ledger:
             line = self.link(raw)
             if heads is not None:
                 heads[self.count] = self.head
-            if line.get("origin") != LINEAGE:
+            if line.get("origin") == MOVED:
+                self.moved_to.add(str(line.get("to")))
+            if line.get("origin") not in NOT_EVENTS:
                 lines.append(line)
         self.seen += len(body)
         return lines
@@ -215,7 +230,7 @@ class Ledger:
     def link(self, raw: bytes) -> dict[str, Any]:
         try:
             line = json.loads(raw)
-            if line.get("origin") != LINEAGE:
+            if line.get("origin") not in NOT_EVENTS:
                 _ = [line[name] for name in EVENT_FIELDS]
         except (json.JSONDecodeError, KeyError, TypeError, AttributeError):
             raise LedgerError(
@@ -266,3 +281,12 @@ class Ledger:
 def releases(lines: list[dict[str, Any]]) -> int:
     """How many of the entries are releases of the lineage (not an accountant's priors)."""
     return sum(1 for line in lines if line.get("origin") == RELEASE)
+
+
+def mark_moved(moved: Path) -> None:
+    """`--overwrite` moved a run folder, its ledger with it, to `moved`'s folder: said on the
+    ledger (a chained line), so that a fork of the old checkpoint follows it there, and a
+    copy made by hand is never taken for it."""
+    ledger = Ledger(moved.resolve())
+    with ledger.held():
+        ledger.append({"origin": MOVED, "to": str(moved.resolve()), "time": round(time.time(), 3)})
