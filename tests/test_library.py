@@ -503,7 +503,7 @@ def test_an_accountant_that_holds_releases_stops_the_library_run_within_its_budg
 ) -> None:
     """Flower's RdpAccountant passed with 3 releases composed (epsilon 9.01 at z = 1) and
     max-epsilon 12: one release fits (10.73), a second would not (12.30); the priors are the
-    ledger's first line."""
+    ledger's first line after the lineage's."""
     app = app_with(
         tmp_path,
         DP_EXAMPLE,
@@ -524,7 +524,8 @@ def test_an_accountant_that_holds_releases_stops_the_library_run_within_its_budg
     assert (summary["versions"], privacy["releases"]) == (1, 1)
     assert 10.7 < privacy["epsilon"] <= 12
     assert "Privacy spent: epsilon 10.73 at delta 1e-05 over 4 releases" in output
-    first = json.loads((run / "privacy-ledger.jsonl").read_text().splitlines()[0])
+    lineage, first = map(json.loads, (run / "privacy-ledger.jsonl").read_text().splitlines()[:2])
+    assert lineage["origin"] == "lineage" and len(lineage["lineage"]) == 32
     assert (first["origin"], first["count"], first["noise_multiplier"]) == ("accountant", 3, 1.0)
 
 
