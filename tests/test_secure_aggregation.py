@@ -225,7 +225,7 @@ class Holders:
     def mask(self, update: int, sender: int) -> None:
         self.deltas[update] = np.linspace(-0.5, 0.5, 10) * (update + 1) / 10
         config = {**self.config, wire.UPDATE: update, wire.SENDER: sender}
-        parts = client_half.masked_parts(config, self.deltas[update], {}, self.states[sender])
+        parts = client_half.masked_parts(config, self.deltas[update], self.states[sender])
         self.sent[update] = (sender, parts)
 
     def check(self, j: int, updates: list[int], **shares: np.ndarray) -> dict[str, np.ndarray]:
@@ -381,7 +381,7 @@ def test_a_code_the_client_did_not_agree_to_is_refused_in_the_key_round(
         client_half.pin_roster(roster, keyset, fresh, wire.HolderPolicy())
     other = {**fed.config, wire.RECOVERY: 4, wire.UPDATE: 9, wire.SENDER: 0}
     with pytest.raises(wire.Refused, match="not the pinned"):
-        client_half.masked_parts(other, np.zeros(10), {}, fed.states[0])
+        client_half.masked_parts(other, np.zeros(10), fed.states[0])
 
 
 def _answer_once(state: dict, folder: str, barrier: Any, results: Any) -> None:

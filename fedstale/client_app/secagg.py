@@ -24,6 +24,7 @@ import os
 import tempfile
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +118,7 @@ class Roster:
     keys: list[bytes]
     code: tuple[int, int, int]  # N, T, U
 
-    @property
+    @cached_property
     def digest(self) -> str:
         return wire.roster_digest(self.clients, self.keys, self.code)
 
@@ -139,9 +140,7 @@ def roster_of(state: Any) -> Roster:
     )
 
 
-def masked_parts(
-    config: Mapping[str, Any], delta: np.ndarray, keys: Mapping[str, np.ndarray], state: Any
-) -> dict[str, np.ndarray]:
+def masked_parts(config: Mapping[str, Any], delta: np.ndarray, state: Any) -> dict[str, np.ndarray]:
     """The "secagg" set of a trained task: the quantised delta plus a fresh mask, the
     mask's shares sealed for their holders (the pinned keys), and this client's key."""
     code, quantiser = wire.code_of(config), wire.quantiser_of(config)
@@ -156,9 +155,8 @@ def masked_parts(
     shares = code.encode(mask)
     masked = to_wire(add(quantiser.quantise(delta), mask))
     parts = {wire.MASKED: masked, wire.PUBLIC_KEY: own_key(state)}
-    digest = roster.digest
     for j in range(code.holders):
-        bound = context(update, sender, j, digest)
+        bound = context(update, sender, j, roster.digest)
         parts[wire.share_name(j)] = seal(shares[j], own, roster.keys[j], bound)
     return parts
 
@@ -243,11 +241,15 @@ def aggregate_parts(
 
 def answered(state: Any) -> set[int]:
     """The updates this holder has given a share for (its state and its record on disk)."""
-    kept = {int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64)))}
     path = answered_path(state)
-    if path.is_file():
-        kept.update(int(line) for line in path.read_text().split())
-    return kept
+    on_disk = path.read_text() if path.is_file() else ""
+    return answered_in(state, on_disk)
+
+
+def answered_in(state: Any, record: str) -> set[int]:
+    """The updates answered for by the state's count and a record's text."""
+    kept = {int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64)))}
+    return kept | {int(u) for u in record.split()}
 
 
 def answered_path(state: Any) -> Path:
@@ -270,8 +272,7 @@ def claim(state: Any, updates: Sequence[int]) -> None:
         fcntl.flock(record, fcntl.LOCK_EX)
         try:
             record.seek(0)
-            done = {int(u) for u in record.read().split()}
-            done.update(int(u) for u in np.asarray(state.get(USED, np.zeros(0, np.int64))))
+            done = answered_in(state, record.read())
             again = done.intersection(updates)
             if again:
                 again_text = sorted(again)
@@ -332,7 +333,7 @@ def secure_work(
     trained = flat(result, names)
     carries_delta = config.get(wire.RETURNS) == RETURN_DELTA
     delta = trained if carries_delta else trained - flat(arrays, names)
-    return metrics, {}, {**outputs, wire.SET: masked_parts(config, delta, incoming, state)}
+    return metrics, {}, {**outputs, wire.SET: masked_parts(config, delta, state)}
 
 
 TrainFn = Callable[..., Result]
@@ -352,20 +353,13 @@ def secure_train(
     the client's kept state being the transport's per-client state."""
     kept = state if state is not None else {}
     own = {name: part for name, part in (sets or {}).items() if name != wire.SET} or None
-    policy = wire.HolderPolicy(
-        min_clients=cfg.secagg_min_clients,
-        min_weight_ratio=cfg.secagg_min_weight_ratio,
-        weight_bits=cfg.secagg_weight_bits,
-        rule=cfg.strategy,
-        privacy=cfg.secagg_privacy,
-    )
     return secure_work(
         config,
         arrays,
         sets,
         kept,
         lambda: train_fn(cfg, partition, config, arrays, own, state),
-        policy,
+        wire.HolderPolicy.of_run(cfg),
     )
 
 

@@ -179,13 +179,7 @@ class SecureAggregation:
         self.silent: set[int] = set()  # holders that did not reply when last asked
         self.asked: set[int] = set()  # holders asked for the buffer being unmasked
         self.suspects: set[int] = set()  # clients whose shares opened at some holders only
-        self.policy = HolderPolicy(
-            min_clients=run.secagg_min_clients,
-            min_weight_ratio=run.secagg_min_weight_ratio,
-            weight_bits=run.secagg_weight_bits,
-            rule=run.strategy,
-        )
-        self.rule = run.strategy
+        self.policy = HolderPolicy.of_run(run)
 
     # ---------------------------------------------------------------- keys
     def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
@@ -227,7 +221,7 @@ class SecureAggregation:
             recovery,
             privacy,
             self.policy.min_clients,
-            self.rule,
+            self.policy.rule,
             self.policy.min_weight_ratio,
         )
         return [client for client in clients if client not in self.holders]
@@ -552,7 +546,7 @@ class SecureAggregation:
                 "its %s weight is below secagg-min-weight-ratio %g of the buffer's largest",
                 task,
                 kept[task].client,
-                self.rule,
+                self.policy.rule,
                 self.policy.min_weight_ratio,
             )
         return [t for t in tasks if t not in light]

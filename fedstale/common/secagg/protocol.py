@@ -130,6 +130,17 @@ class HolderPolicy:
         return max(1, math.ceil(self.min_weight_ratio * 2**self.weight_bits - 1e-9))
 
     @classmethod
+    def of_run(cls, run: Any) -> HolderPolicy:
+        """The policy from a parsed run config (fedstale's RunConfig)."""
+        return cls(
+            min_clients=run.secagg_min_clients,
+            min_weight_ratio=run.secagg_min_weight_ratio,
+            weight_bits=run.secagg_weight_bits,
+            rule=run.strategy,
+            privacy=run.secagg_privacy,
+        )
+
+    @classmethod
     def of(cls, config: Mapping[str, Any]) -> HolderPolicy:
         """The policy from a run config's keys (those absent keep their defaults)."""
         default = cls()
@@ -152,10 +163,6 @@ def key_name(holder: int) -> str:
 
 def update_share_name(update: int) -> str:
     return f"share-of-{update}"
-
-
-def update_key_name(update: int) -> str:
-    return f"key-of-{update}"
 
 
 def code_of(config: Mapping[str, Any]) -> MaskCode:
