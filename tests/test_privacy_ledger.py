@@ -210,6 +210,7 @@ def test_a_rewound_or_edited_ledger_is_refused_on_resume(
 
     config = " ".join(f"{key}={value}" for key, value in {**BASE, **DP, **resume}.items())
     config += f" runs-dir={tmp_path} run-name=fork"
+    capsys.readouterr()  # the base run's log, when an earlier test left the CLI's handler
     assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot be trusted" in err[0]
