@@ -1,7 +1,9 @@
 """Users' environments, made as a user makes them: a fresh virtualenv on another Python,
 their torch and numpy installed first from PyPI (a GPU box's CUDA build, or the oldest torch
-fedstale runs on), then fedstale's wheel. Shared by tests/test_environments.py and
-`python -m bench.environments`.
+fedstale runs on), then fedstale's wheel (`make`, for `python -m bench.environments`); and
+the same resolved without installing anything (`resolution`, for tests/test_environments.py:
+pip's dry run reads each wheel's metadata, which PyPI serves on its own, so no multi-GB
+torch is downloaded).
 
 pip runs with no configuration file (PIP_CONFIG_FILE=os.devnull), so that neither this
 machine's torch cap (/etc/xdg/pip) nor its local wheel folders change what a user gets.
@@ -22,6 +24,9 @@ from fedstale.launcher.deploy import CONNECTION
 from tests.wheel_env import run
 
 INSTALL_SECONDS = 1200
+# A dry run took 47 s (Python 3.12, torch 2.11.0) and 62 s (3.11, torch 2.0.1) on a quiet
+# 2-core box, most of it pip's resolver on the CPU: ten times that for a loaded machine.
+RESOLVE_SECONDS = 600
 TINY = (
     "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500 "
     "num-clients=4 concurrency=2 max-updates=8"
@@ -33,7 +38,6 @@ class Environment:
     name: str
     python: str  # "3.12": found under pyenv or on PATH
     pins: tuple[str, ...]  # what the user had installed first
-    in_ci: bool = True  # False: by `python -m bench.environments` (or FEDSTALE_ENVIRONMENTS=all)
 
     def interpreter(self) -> Path | None:
         root = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv"))
@@ -50,12 +54,10 @@ ENVIRONMENTS = {
     # The newest of each: Python 3.13, torch 2.15.0.
     "py313-torch2.15": Environment("py313-torch2.15", "3.13", ("torch==2.15.0", "numpy==2.5.5")),
     # The floor: the oldest torch fedstale runs on (torch.func arrived in 2.0), numpy's floor.
-    "py311-torch2.0.1": Environment(
-        "py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4"), in_ci=False
-    ),
+    "py311-torch2.0.1": Environment("py311-torch2.0.1", "3.11", ("torch==2.0.1", "numpy==1.26.4")),
     # torchvision's models by name (`model=resnet18`): the pair the env notes name for x86_64.
     "py311-torchvision0.29.1": Environment(
-        "py311-torchvision0.29.1", "3.11", ("torch==2.14.1", "torchvision==0.29.1"), in_ci=False
+        "py311-torchvision0.29.1", "3.11", ("torch==2.14.1", "torchvision==0.29.1")
     ),
 }
 
@@ -105,6 +107,58 @@ def make(environment: Environment, wheel: Path, folder: Path) -> Made:
     run([*pip, wheel], INSTALL_SECONDS, extra_env=pip_env())
     seconds["fedstale wheel"] = time.monotonic() - start
     return Made(bin_dir, before, frozen(bin_dir), seconds)
+
+
+def resolution(environment: Environment, wheel: Path, folder: Path) -> dict[str, str]:
+    """{name: version} of what pip would install, in a fresh virtualenv on the environment's
+    Python, for the user's pins and the wheel together: where the wheel's ranges admit the
+    user's torch and numpy, those very versions. A range that excludes one fails here
+    (AssertionError, pip's reason in it), as installing the wheel would replace it."""
+    python = environment.interpreter()
+    assert python is not None, f"no Python {environment.python} here"
+    run([python, "-m", "venv", folder], 120)
+    report = folder / "report.json"
+    pip = [folder / "bin" / "python", "-m", "pip", "install", "-q", "--dry-run"]
+    command = [*pip, "--report", report, *environment.pins, wheel]
+    run(command, RESOLVE_SECONDS, extra_env=pip_env())
+    items = json.loads(report.read_text())["install"]
+    return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in items}
+
+
+def narrowed(wheel: Path, requirement: str, folder: Path) -> Path:
+    """A copy of `wheel` whose dependency on `requirement`'s project is `requirement`
+    instead (its METADATA and RECORD rewritten), to show the checks catch a narrowed range."""
+    import base64
+    import hashlib
+    import re
+    import zipfile
+
+    project = re.split(r"[<>=!~ ]", requirement, maxsplit=1)[0]
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = folder / wheel.name
+    with zipfile.ZipFile(wheel) as source, zipfile.ZipFile(copy, "w") as target:
+        names = source.namelist()
+        (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+        text = source.read(metadata_name).decode()
+        pattern = rf"^Requires-Dist: {re.escape(project)}\b[^;\n]*"
+        changed, count = re.subn(pattern, f"Requires-Dist: {requirement}", text, flags=re.M)
+        assert count == 1, f"{wheel.name} names {project} {count} times"
+        digest = base64.urlsafe_b64encode(hashlib.sha256(changed.encode()).digest())
+        entry = f"{metadata_name},sha256={digest.decode().rstrip('=')},{len(changed.encode())}"
+        for name in names:
+            data = source.read(name)
+            if name == metadata_name:
+                data = changed.encode()
+            elif name.endswith(".dist-info/RECORD"):
+                record = data.decode().splitlines()
+                data = (
+                    "\n".join(
+                        entry if r.startswith(metadata_name + ",") else r for r in record
+                    ).encode()
+                    + b"\n"
+                )
+            target.writestr(name, data)
+    return copy
 
 
 def summary_of(folder: Path) -> dict:
