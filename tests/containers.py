@@ -30,10 +30,13 @@ BASE_IMAGE = "localhost/fedstale-base:bookworm"
 STANDIN = "localhost/flwr-standin"
 FLWR_VERSION = "1.41.0"
 PYTHON_TAG = "cp311"  # bookworm's python3, the stand-ins' and so the images' Python
-BUILD_TIMEOUT = 900
-# mmdebstrap made the base in 29 s on a quiet 2-core box (2026-12-07): thirty times that,
-# for a busy machine and a slow mirror. Made once per machine, then kept (`ensure_base`).
+# Measured on a quiet 2-core box (2026-12-07): mmdebstrap made the base in 29 s (made once
+# per machine, then kept: `ensure_base`); the stand-ins and fedstale's two images took 239 s
+# in all, 289 s with the base. Each timeout is many times that, for a busy machine and a
+# slow mirror, and every build runs at normal priority: under `nice -n 19` a busy machine
+# starved the base past its 900 s.
 BASE_TIMEOUT = 900
+BUILD_TIMEOUT = 900  # one image
 # The sandboxes these tests run in refuse the default rlimits; some refuse crun's cgroup
 # set-up too (hybrid cgroups), where runc with cgroupfs works.
 CONTAINERS_CONFS = (
@@ -46,11 +49,6 @@ def _run(command: list[str], env: dict[str, str], timeout: float) -> subprocess.
     return subprocess.run(
         command, env=env, capture_output=True, text=True, timeout=timeout, check=False
     )
-
-
-# Image builds run beside the other tests (see prebuild): at the lowest priority, so the
-# wall-clock tests running meanwhile keep the cores they need.
-NICE = ["nice", "-n", "19"]
 
 
 @dataclass
@@ -179,7 +177,7 @@ def build(
     runtime: Runtime, mounts: list[str], dockerfile: Path, context: Path, tag: str, **args: str
 ) -> None:
     flags = [flag for key, value in args.items() for flag in ("--build-arg", f"{key}={value}")]
-    command = [*NICE, runtime.engine, "build", "--network", "host", *mounts, "-f", str(dockerfile)]
+    command = [runtime.engine, "build", "--network", "host", *mounts, "-f", str(dockerfile)]
     before = image_id(runtime, tag)
     built = _run([*command, *flags, "-t", tag, str(context)], runtime.env, BUILD_TIMEOUT)
     if built.returncode != 0:
