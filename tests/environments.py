@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedstale.launcher.deploy import CONNECTION
-from tests.wheel_env import run
+from tests.wheel_env import resolved, run
 
 INSTALL_SECONDS = 1200
 # A dry run took 47 s (Python 3.12, torch 2.11.0) and 62 s (3.11, torch 2.0.1) on a quiet
@@ -117,12 +117,8 @@ def resolution(environment: Environment, wheel: Path, folder: Path) -> dict[str,
     python = environment.interpreter()
     assert python is not None, f"no Python {environment.python} here"
     run([python, "-m", "venv", folder], 120)
-    report = folder / "report.json"
-    pip = [folder / "bin" / "python", "-m", "pip", "install", "-q", "--dry-run"]
-    command = [*pip, "--report", report, *environment.pins, wheel]
-    run(command, RESOLVE_SECONDS, extra_env=pip_env())
-    items = json.loads(report.read_text())["install"]
-    return {item["metadata"]["name"].lower(): item["metadata"]["version"] for item in items}
+    pip, report, pins = folder / "bin" / "pip", folder / "report.json", list(environment.pins)
+    return resolved(pip, report, wheel, pins, RESOLVE_SECONDS, pip_env())
 
 
 def narrowed(wheel: Path, requirement: str, folder: Path) -> Path:

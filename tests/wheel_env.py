@@ -110,9 +110,17 @@ def runners_torch_is_cpu_build() -> bool:
         return False
 
 
-def resolved(pip: Path, report: Path, wheel: Path, pins: list[str]) -> dict[str, str]:
+def resolved(
+    pip: Path,
+    report: Path,
+    wheel: Path,
+    pins: list[str],
+    timeout: float = INSTALL_SECONDS,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, str]:
     """{name: version} of what `pip install wheel pins` would add to that virtualenv."""
-    run([pip, "install", "-q", "--dry-run", "--report", report, wheel, *pins], INSTALL_SECONDS)
+    command = [pip, "install", "-q", "--dry-run", "--report", report, wheel, *pins]
+    run(command, timeout, extra_env=extra_env)
     items = json.loads(report.read_text())["install"]
     return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
 
