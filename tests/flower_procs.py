@@ -36,7 +36,12 @@ ONE_CLIENTAPP = "init-args-num-cpus=1"
 # Every process the tests start inherits this mark (a SuperExec orphaned by its SuperLink
 # included), so what this process started is found, and a suite running beside it is not.
 MARK_KEY = "FEDSTALE_TEST_SESSION"
-SESSION = f"{os.getpid()}-{time.time_ns()}"  # this process's pid, and when it made the mark
+# A session started with FEDSTALE_TEST_SCOPE (a test's own pytest session, killed on purpose)
+# marks its processes "<scope>/<pid>-<ns>" and stops only the abandoned processes of its
+# scope; the sessions of other suites on the machine neither see nor stop them, and it
+# does not stop theirs.
+SCOPE = os.environ.get("FEDSTALE_TEST_SCOPE", "")
+SESSION = f"{SCOPE}/" * bool(SCOPE) + f"{os.getpid()}-{time.time_ns()}"  # pid, and when
 os.environ[MARK_KEY] = SESSION
 
 
@@ -69,14 +74,23 @@ def abandoned_flower_processes() -> list[tuple[int, str]]:
     """The marked Flower processes whose session is gone: its test process was killed
     outright (SIGKILL, the machine's session ending), so nothing stopped them. A suite
     running beside this one is still alive and keeps its own."""
-    return [(pid, command) for pid, command, mark in marked_flower_processes() if gone(mark)]
+    return [
+        (pid, command)
+        for pid, command, mark in marked_flower_processes()
+        if scope(mark) == SCOPE and gone(mark)
+    ]
+
+
+def scope(mark: str) -> str:
+    """The scope a mark was made in: "" for a suite's own session."""
+    return mark.rpartition("/")[0]
 
 
 def gone(mark: str) -> bool:
-    """The process that made `mark` (pid-nanoseconds) has exited: its pid is not running,
-    or is running a process that started after the mark was made (a reused pid)."""
+    """The process that made `mark` ([scope/]pid-nanoseconds) has exited: its pid is not
+    running, or is running a process that started after the mark was made (a reused pid)."""
     try:
-        pid, made_ns = (int(part) for part in mark.split("-", 1))
+        pid, made_ns = (int(part) for part in mark.rpartition("/")[2].split("-", 1))
     except ValueError:
         return True
     if (fields := proc_stat(pid)) is None:

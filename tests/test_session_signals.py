@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from tests.flower_procs import alive, gone
+from tests.flower_procs import alive, gone, scope
 
 ROOT = Path(__file__).resolve().parent.parent
 WAITING_TEST = """
@@ -137,7 +138,11 @@ def test_a_session_killed_outright_has_its_flower_processes_stopped_by_the_next(
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
     command += ["tests.conftest", "--rootdir", str(tmp_path)]
     pid_file = tmp_path / "child"
-    env = {**os.environ, "CHILD_PID_FILE": str(pid_file)}
+    # A scope of their own: another session on the machine (a suite beside this one, or a
+    # test of this one starting pytest) stops abandoned processes as it starts, and would
+    # stop this one's on purpose abandoned stand-in before the next session is run.
+    scope_of_its_own = {"FEDSTALE_TEST_SCOPE": secrets.token_hex(8)}
+    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), **scope_of_its_own}
     killed = subprocess.Popen(
         [*command, str(tmp_path / "test_killed.py")],
         cwd=ROOT,
@@ -181,3 +186,6 @@ def test_a_mark_is_gone_when_its_process_is_or_its_pid_was_reused() -> None:
     exited.wait()
     assert gone(f"{exited.pid}-{time.time_ns()}")
     assert gone("not-a-mark")
+    assert gone(f"a-scope/{exited.pid}-{time.time_ns()}")
+    assert not gone(f"a-scope/{os.getpid()}-{time.time_ns()}")
+    assert scope(f"a-scope/{os.getpid()}-1") == "a-scope" and scope(f"{os.getpid()}-1") == ""
