@@ -8,7 +8,7 @@ export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 # Flower's processes start each other from PATH.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup data tools demo test test-kernels lint bench clean
+.PHONY: setup data tools demo test durations test-kernels lint bench clean
 
 setup: $(VENV)/.installed
 
@@ -61,6 +61,11 @@ demo: setup data
 TEST_WORKERS ?= 2
 test: setup data tools
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=15
+
+# Each test is bounded by its measured time (tests/timing.py, tests/durations.json): after a
+# test grows on purpose, record the table again (each test's slowest recorded time is kept).
+durations: setup data tools
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --record-durations tests/durations.json
 
 # The suite under kernel settings that change the numerics on an x86 box (docs/testing.md, Golden
 # runs on any CPU): each must pass as the default does.

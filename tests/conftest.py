@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import timing
 from tests.flower_procs import (
     SimulationSuperLink,
     abandoned_flower_processes,
@@ -42,7 +43,64 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--record-durations",
+        metavar="PATH",
+        help="merge each passed test's seconds into the time-bound table at PATH (tests/timing.py)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> object:
+    """Every test bounded by its measured time (tests/timing.py), setup to teardown."""
+    timing.arm(item.nodeid, item.user_properties)
+    try:
+        return (yield)
+    finally:
+        timing.disarm()
+
+
+class DurationRecorder:
+    """Each passed test's seconds (its one-time costs apart), merged into a table at the
+    session's end: in the process that sees every report (xdist's controller)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tests: dict[str, float] = {}
+        self.once: dict[str, float] = {}
+        self.failed: set[str] = set()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        name = timing.key(report.nodeid)
+        self.tests[name] = self.tests.get(name, 0.0) + report.duration
+        if report.failed or report.skipped:
+            self.failed.add(name)
+        if report.when != "teardown":
+            return
+        for kind, value in report.user_properties:
+            if kind == timing.ONE_TIME_PROPERTY:
+                cost, seconds = value  # type: ignore[misc]
+                self.once[cost] = max(self.once.get(cost, 0.0), seconds)
+                self.tests[name] -= seconds
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        passed = {name: s for name, s in self.tests.items() if name not in self.failed}
+        workers = getattr(session.config.option, "numprocesses", None) or 0
+        note = (
+            f"{time.strftime('%Y-%m-%d %H:%M')}: {len(passed)} tests, {os.cpu_count()} cores, "
+            f"{workers} xdist workers, load average {os.getloadavg()[0]:.1f} at the end"
+        )
+        timing.record(self.path, passed, self.once, note)
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if (path := config.getoption("record_durations")) and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(Path(path).resolve()), "durations")
+    _stop_on_sigterm()
+
+
+def _stop_on_sigterm() -> None:
     """A SIGTERM (a CI time limit, a job manager, `kill`) ends the session as Ctrl-C does:
     the running test unwinds, so the `with` blocks and fixtures that started Flower
     processes stop them. Without this the process died at once and its SuperLinks and
@@ -65,7 +123,7 @@ def pytest_collection_modifyitems(
     worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # each xdist worker collects all
     if last:
         items[:] = [item for item in items if item.path.name != "test_containers.py"] + last
-    if last and worker == "gw0":
+    if last and worker == "gw0" and not config.option.collectonly:
         from tests.containers import prebuild
 
         _TEMP_DIRS.append(tempfile.mkdtemp(prefix="fedstale-containers-"))
@@ -115,3 +173,19 @@ def in_a_clientapp(monkeypatch: pytest.MonkeyPatch) -> None:
 
     for name in ("_run_id", "_node_id", "_task_id"):
         monkeypatch.setattr(TaskIdentity, name, 1, raising=False)
+
+
+_SEEN: set[str] = set()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        _SEEN.add(timing.key(report.nodeid))
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if missing := sorted(_SEEN - set(timing.table().tests)):
+        terminalreporter.write_line(
+            f"{len(missing)} tests have no measured time in tests/durations.json and were "
+            f"bounded by its largest (record them: make durations): {', '.join(missing[:5])}"
+        )

@@ -22,6 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import timing
 from tests.flower_procs import alive
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -345,4 +346,5 @@ def prepared(workdir: Path) -> Prepared:
     """The prebuild's result (started now if it was not), its errors raised here."""
     prebuild(workdir)
     assert _PREBUILD is not None
-    return _PREBUILD.result(timeout=BUILD_TIMEOUT * 3)
+    with timing.one_time("the container images"):
+        return _PREBUILD.result(timeout=timing.left())

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests import timing
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -19,7 +21,7 @@ def bench(*args: str) -> subprocess.CompletedProcess:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timing.left(),
         check=False,
     )
 

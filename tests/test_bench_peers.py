@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.peers import rotated, row_of, table
+from tests import timing
+from tests.wheel_env import link, requirement_closure, runners_torch_is_cpu_build
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,13 +91,19 @@ def test_fedstales_rows_run_resume_and_refuse_another_protocol(tmp_path: Path) -
 @pytest.mark.xdist_group("venvs")
 @pytest.mark.skipif(sys.version_info >= (3, 13), reason="pfl 0.6.0 needs Python < 3.13")
 def test_pfl_runs_the_same_protocol_from_its_own_virtualenv(tmp_path: Path) -> None:
-    """pfl 0.6.0 from PyPI in a virtualenv of its own, on one process and under torchrun."""
+    """pfl 0.6.0 from PyPI in a virtualenv of its own, on one process and under torchrun.
+    The virtualenv starts with this one's torch hard-linked in (as the wheel's do): pip
+    then finds the torch release bench.peers pins already there and installs only pfl."""
     venv = Path(os.environ.get("FEDSTALE_PFL_VENV", tmp_path / "venv-pfl"))
+    if not venv.exists():
+        subprocess.run([sys.executable, "-m", "venv", venv], check=True, timeout=timing.left())
+        if runners_torch_is_cpu_build():
+            link(requirement_closure("torch"), venv)
     out = tmp_path / "peers"
     done = peers(
         *["--models", "linear", "--reps", "1", "--out", str(out), "--pfl-venv", str(venv)],
         *["--rows", "pfl-1,pfl-2", "--updates", "linear=20"],
-        timeout=1500,
+        timeout=timing.left(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
@@ -111,7 +119,7 @@ def test_the_profile_splits_an_update_into_training_task_and_engine() -> None:
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=timing.left(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     values = dict(line.strip().rsplit(": ", 1) for line in done.stdout.splitlines() if ": " in line)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import timing
 from tests.wheel_env import elsewhere, installed, run, simulate_outside_the_checkout
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("venvs")]
@@ -36,7 +37,7 @@ def test_flower_simulation_at_the_lower_bound(tmp_path: Path) -> None:
 def test_real_deployment_at_the_lower_bound(tmp_path: Path) -> None:
     bin_dir, here = installed()[1]["lower"], elsewhere(tmp_path)
     config = f"{TINY} max-updates=4 run-name=deployed"
-    command = [bin_dir / "fedstale", "deploy", "--nodes", "2", "--timeout", "1200"]
+    command = [bin_dir / "fedstale", "deploy", "--nodes", "2", "--timeout", timing.deploy_timeout()]
     # TMPDIR: the deployment's home (a temporary folder, as a user gets it) inside tmp_path
-    run([*command, "--run-config", config], 1300, here, {"TMPDIR": str(tmp_path)})
+    run([*command, "--run-config", config], timing.left(), here, {"TMPDIR": str(tmp_path)})
     assert summary(here / "runs" / "deployed")["updates_accepted"] == 4

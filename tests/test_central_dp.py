@@ -38,6 +38,7 @@ from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
 from fedstale.strategies.fedavg import FedAvg
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.registry import load_config
+from tests import timing
 from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
 
 LAYOUT = ParamLayout(names=("w",), shapes=((3,),))
@@ -457,7 +458,7 @@ def test_a_local_run_reports_its_privacy_and_a_spent_budget_keeps_its_results(
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timing.left(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     folder = tmp_path / "dp"

@@ -14,6 +14,7 @@ from fedstale.common.config import ConfigError, parse_faults
 from fedstale.launcher.cli import main
 from fedstale.launcher.launch import parse_pairs
 from fedstale.strategies.registry import load_config
+from tests import timing
 from tests.helpers import UNKNOWN_STRATEGY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,7 +205,7 @@ def test_flwr_run_gets_the_checkouts_fab_files_only(tmp_path: Path) -> None:
         for folder, out in ((staged, tmp_path / "staged"), (root, tmp_path / "checkout")):
             out.mkdir()
             build = [str(flwr), "build", "--app", str(folder)]
-            subprocess.run(build, cwd=out, check=True, capture_output=True, timeout=300)
+            subprocess.run(build, cwd=out, check=True, capture_output=True, timeout=timing.left())
     # Flower's rule for an app directory's name, which `flwr build` enforces; tempfile's
     # names hold "_" about one time in five, so forty stagings all pass only by rule
     for _ in range(40):

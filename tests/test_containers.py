@@ -23,7 +23,7 @@ from fedstale.launcher.deploy import TlsFiles, make_keys
 from fedstale.launcher.launch import flower_env, tool
 from fedstale.launcher.ports import free_port
 from fedstale.server_app.results import read_jsonl
-from tests import containers
+from tests import containers, timing
 from tests.containers import Compose, Runtime, project_name, sweep_abandoned
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
@@ -34,7 +34,6 @@ RUN = (
     "strategy=fedbuff clock=wall num-clients=3 concurrency=3 buffer-size=2 dataset=fmnist "
     "model=linear local-steps=20 eval-interval=10"
 )
-RUN_TIMEOUT = 420
 CONTAINER_UID = 1000  # not root and not Flower's app user: the README's FEDSTALE_UID case
 
 
@@ -226,7 +225,7 @@ def test_the_readme_compose_block_runs_survives_a_killed_node_and_keeps_state(
             first_ids = node_ids(project)  # each container has logged its id by now
             project.kill("supernode-1")
             before_kill = len(rows(updates))
-            assert wait_for(run, RUN_TIMEOUT) == 0, log.read_text()[-4000:]
+            assert wait_for(run, timing.left()) == 0, log.read_text()[-4000:]
         finally:
             if run.poll() is None:
                 run.kill()
@@ -307,7 +306,7 @@ def test_compose_tls_with_registered_keys_refuses_an_unregistered_node(
     )  # fmt: skip
     run = fedstale_run(project, "docker-tls", "tls", "max-versions=2")
     log = Path(project.env["FEDSTALE_RUNS"]).parent / "tls.log"
-    assert wait_for(run, RUN_TIMEOUT) == 0, log.read_text()[-4000:]
+    assert wait_for(run, timing.left()) == 0, log.read_text()[-4000:]
     output = log.read_text()
     assert "all 3 clients connected" in output, output[-3000:]
     intruder_log = runtime("logs", intruder)

@@ -17,13 +17,15 @@ import pytest
 from fedstale.launcher.deploy import LocalDeployment, TlsFiles, make_keys, stop
 from fedstale.launcher.ports import free_port
 from fedstale.server_app.results import read_jsonl
+from tests import timing
 
 # One worker runs the tests that start real SuperNodes (xdist_group), one after another.
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("deployments")]
 ROOT = Path(__file__).resolve().parent.parent
 # Runs end on their update or version budgets; the wall-clock cap (the deployment default
-# is 300 s) and RUN_TIMEOUT only stop a run that hangs, so a busy machine, on which every
-# ClientApp process starts slower, makes a test slower, never failing.
+# is 300 s) and each test's bound from its measured time (tests/timing.py) only stop a run
+# that hangs, so a busy machine, on which every ClientApp process starts slower, makes a
+# test slower, never failing.
 SMALL = {
     "dataset": "digits",
     "lr": 0.1,
@@ -31,8 +33,6 @@ SMALL = {
     "eval-interval": 15.0,
     "max-virtual-time": 1200.0,
 }
-RUN_TIMEOUT = 1500.0
-WAIT = 900.0  # for a step of a run (the first aggregation, a checkpoint)
 
 
 @pytest.fixture
@@ -75,15 +75,15 @@ def run_deployed(
     runs = tmp_path / "runs"
     config = {**config, "runs-dir": str(runs), "run-name": name}
     with LocalDeployment(tmp_path / "home", len(delays), delays=delays) as deployment:
-        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+        result = deployment.run_app(ROOT, config, timing.left())
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((runs / name / "summary.json").read_text())
     return summary, rows(runs / name / "updates.jsonl"), rows(runs / name / "metrics.jsonl")
 
 
-def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT) -> int:
+def finish(process: subprocess.Popen) -> int:
     try:
-        return process.wait(timeout)
+        return process.wait(timing.left())
     finally:
         stop(process)
 
@@ -103,13 +103,13 @@ def test_run_survives_killed_nodes_and_restarted_ones_get_work(
     updates = runs / "faults" / "updates.jsonl"
     try:
         first = lambda: len(rows(updates)) >= 2  # noqa: E731
-        wait_until(first, WAIT, "the first aggregation", process, log)
+        wait_until(first, timing.left(), "the first aggregation", process, log)
         deployment.kill_node(1, signal.SIGTERM)
         deployment.kill_node(2, signal.SIGKILL)
         time.sleep(2)
         deployment.start_node(1)
         deployment.start_node(2)
-        wait_until(lambda: restarted_nodes_serve(log, (1, 2)), WAIT, "the restarted nodes")
+        wait_until(lambda: restarted_nodes_serve(log, (1, 2)), timing.left(), "the restarted nodes")
         before = {c: sum(r["client"] == c for r in rows(updates)) for c in (1, 2)}
         assert finish(process) == 0, log.read_text()[-3000:]
     finally:
@@ -176,7 +176,7 @@ def test_bad_input_over_the_network_is_rejected_and_the_run_goes_on(
         "runs-dir": str(tmp_path / "runs"),
         "run-name": "bad",
     }
-    result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+    result = deployment.run_app(ROOT, config, timing.left())
     assert result.returncode == 0, result.stderr[-3000:]
     output = result.stdout + result.stderr
     rejected = [line for line in output.splitlines() if "rejected update" in line]
@@ -201,7 +201,7 @@ def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
     first = deployment.launch_app(ROOT, {**config, "run-name": "crash"}, log)
     checkpoint = runs / "crash" / "checkpoint.pkl"
     try:
-        wait_until(checkpoint.exists, WAIT, "the first checkpoint")
+        wait_until(checkpoint.exists, timing.left(), "the first checkpoint")
         pids = deployment.serverapp_pids()
         assert pids, "no flwr-serverapp process found"
         for pid in pids:
@@ -216,7 +216,7 @@ def test_serverapp_killed_mid_run_resumes_from_its_checkpoint(
     assert f'resume-from="{runs / "crash"}"' in said, said[-2000:]
 
     resumed = {**config, "run-name": "crash", "resume-from": str(runs / "crash")}
-    result = deployment.run_app(ROOT, resumed, RUN_TIMEOUT)
+    result = deployment.run_app(ROOT, resumed, timing.left())
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout + result.stderr
     summary = json.loads((runs / "crash" / "summary.json").read_text())
@@ -257,7 +257,7 @@ def test_tls_and_node_auth_run_completes_and_intruders_are_refused(tmp_path: Pat
             (tmp_path / "spare" / f"supernode-0{suffix}").rename(keys / f"supernode-5{suffix}")
         intruders = [intruder(deployment, 5, insecure=True), intruder(deployment, 5, False)]
         config = {**SMALL, "max-versions": 2, "runs-dir": str(tmp_path / "runs"), "run-name": "t"}
-        result = deployment.run_app(ROOT, config, RUN_TIMEOUT)
+        result = deployment.run_app(ROOT, config, timing.left())
         assert result.returncode == 0, result.stderr[-3000:]
         assert "all 2 clients connected" in result.stdout + result.stderr
         insecure, unregistered = intruders
@@ -360,7 +360,7 @@ def test_mafsa_edges_over_real_supernodes_with_a_node_killed(tmp_path: Path) -> 
         updates = runs / "mafsa" / "updates.jsonl"
         try:
             enough = lambda: len(rows(updates)) >= 12  # noqa: E731
-            wait_until(enough, WAIT, "two rounds of each edge", process, log)
+            wait_until(enough, timing.left(), "two rounds of each edge", process, log)
             deployment.kill_node(4, signal.SIGKILL)
             killed_at = max(row["time"] for row in rows(updates))
             assert finish(process) == 0, log.read_text()[-3000:]
@@ -398,7 +398,7 @@ def test_secure_aggregation_over_real_supernodes_with_a_holder_killed(tmp_path: 
         updates = runs / "secure" / "updates.jsonl"
         try:
             first = lambda: len(rows(updates)) >= 2  # noqa: E731
-            wait_until(first, WAIT, "the first unmasked buffer", process, log)
+            wait_until(first, timing.left(), "the first unmasked buffer", process, log)
             deployment.kill_node(3, signal.SIGKILL)
             assert finish(process) == 0, log.read_text()[-3000:]
         finally:

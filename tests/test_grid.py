@@ -18,6 +18,7 @@ from fedstale.common.config import ConfigError
 from fedstale.launcher.cli import main
 from fedstale.launcher.grid import grid_runs, parse_axes
 from fedstale.server_app.results import CHECKPOINT_FILE, read_jsonl
+from tests import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 WALL = {"wall_time", "compute_seconds"}  # what the wall clock measures differs run to run
@@ -140,7 +141,9 @@ def test_a_grid_stopped_by_sigterm_resumes_from_its_checkpoints(tmp_path: Path) 
         process.kill()
     assert process.returncode == 1, err[-2000:]
     assert err.count("(rerun the same command to resume it)") == 2, err[-2000:]
-    again = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timing.left()
+    )
     assert again.returncode == 0, again.stderr[-2000:]
     for seed in (0, 1):
         summary = json.loads(

@@ -42,6 +42,7 @@ from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
 from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.registry import STRATEGIES
+from tests import timing
 from tests.flower_procs import ONE_CLIENTAPP
 from tests.helpers import ListRecorder, ScriptedTransport, run_config
 from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per_edge
@@ -364,7 +365,7 @@ def flwr_run(env: dict[str, str], app: Path, config: str, nodes: int = 4) -> str
     if nodes:
         command += ["--federation-config", federation]
     result = subprocess.run(
-        command, env=env, capture_output=True, text=True, timeout=300, check=False
+        command, env=env, capture_output=True, text=True, timeout=timing.left(), check=False
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout + result.stderr

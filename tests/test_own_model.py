@@ -19,6 +19,7 @@ from fedstale.launcher.local import local_transport
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
+from tests import timing
 from tests.flower_procs import SimulationSuperLink
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -74,7 +75,7 @@ def test_own_model_and_data_give_the_same_run_in_flower_and_locally(
     monkeypatch.setenv("PYTHONPATH", str(code))
     link = SimulationSuperLink(tmp_path / "flwr-home").start()
     try:
-        flower, flower_dir = link.run_app(ROOT, runs, "sim", BLOBS, 300)
+        flower, flower_dir = link.run_app(ROOT, runs, "sim", BLOBS, timing.left())
     finally:
         link.stop()
     assert flower.returncode == 0, flower.stderr[-3000:]
@@ -82,7 +83,7 @@ def test_own_model_and_data_give_the_same_run_in_flower_and_locally(
     command = [tool("fedstale"), "run", "--local", "--workers", "2", "--app", str(ROOT)]
     command += ["--run-config", f"{BLOBS} run-name=local runs-dir={runs}"]
     local = subprocess.run(
-        command, cwd=code, env=flower_env(), capture_output=True, text=True, timeout=300
+        command, cwd=code, env=flower_env(), capture_output=True, text=True, timeout=timing.left()
     )
     assert local.returncode == 0, local.stderr[-3000:]
     rows = without_wall(read_jsonl(flower_dir / "metrics.jsonl"))

@@ -20,6 +20,7 @@ from fedstale.launcher import cli, deploy, ports
 from fedstale.launcher.deploy import LocalDeployment
 from fedstale.launcher.launch import tool
 from fedstale.launcher.ports import LaunchError, owner_listens, reserved_port
+from tests import timing
 
 pytestmark = pytest.mark.xdist_group("deployments")  # with the tests that start SuperNodes
 ROOT = Path(__file__).resolve().parent.parent
@@ -217,7 +218,7 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
     def deploy_one(index: int) -> None:
         folder = tmp_path / f"user{index}"
         folder.mkdir()
-        command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", "1200"]
+        command = [tool("fedstale"), "deploy", "--nodes", "2", "--timeout", timing.deploy_timeout()]
         command += ["--app", str(ROOT), "--run-config", f"{config} runs-dir={folder / 'runs'}"]
         home_parent = {**os.environ, "TMPDIR": str(folder)}  # its home inside tmp_path
         results[index] = subprocess.run(
@@ -226,7 +227,7 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
             env=home_parent,
             capture_output=True,
             text=True,
-            timeout=1300,
+            timeout=timing.left(),
             check=False,
         )
 

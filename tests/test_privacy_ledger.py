@@ -30,6 +30,7 @@ from fedstale.server_app.privacy.noise import NOISE_STREAM, SecureGaussian
 from fedstale.strategies.base import Outcome
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.registry import load_config
+from tests import timing
 from tests.helpers import run_config
 from tests.test_central_dp import accountant, dp_engine, ran
 from tests.test_checkpoint import BASE, run
@@ -268,7 +269,11 @@ def test_a_killed_run_loses_no_release_from_the_ledger(tmp_path: Path) -> None:
     assert before >= seen >= saved.version  # every release a client got is on the books
     resumed = f"{common} run-name='after' max-versions={saved.version + 2} resume-from='{folder}'"
     done = subprocess.run(
-        [*command, "--run-config", resumed], cwd=ROOT, capture_output=True, text=True, timeout=300
+        [*command, "--run-config", resumed],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timing.left(),
     )
     assert done.returncode == 0, done.stderr[-2000:]
     privacy = json.loads((tmp_path / "after" / "summary.json").read_text())["privacy"]

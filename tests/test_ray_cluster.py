@@ -27,6 +27,7 @@ from fedstale.launcher.deploy import spawn, stop_tree
 from fedstale.launcher.ports import descendants, free_port, start_listening
 from fedstale.launcher.ray_cluster import ray_cluster
 from fedstale.server_app.results import read_jsonl
+from tests import timing
 from tests.flower_procs import SimulationSuperLink, alive
 
 pytestmark = pytest.mark.xdist_group("deployments")  # a Ray cluster: one at a time
@@ -142,7 +143,9 @@ def test_a_simulation_on_a_two_node_ray_cluster(
     link = SimulationSuperLink(tmp_path / "flwr-home", RAY_ADDRESS=cluster.address).start()
     try:
         # No Ray init args: Ray refuses them when it joins a cluster (each node declares its own).
-        result, run_dir = link.run_app(ROOT, tmp_path, "cluster", CONFIG, 300, federation="")
+        result, run_dir = link.run_app(
+            ROOT, tmp_path, "cluster", CONFIG, timing.left(), federation=""
+        )
     finally:
         link.stop()
     assert result.returncode == 0, result.stderr[-3000:]
@@ -166,7 +169,7 @@ def test_a_simulation_on_a_two_node_ray_cluster(
 
     # (b) The run is the one the same seed gives on one machine (the session's SuperLink,
     # whose simulation starts a Ray of its own), on the virtual clock.
-    alone, alone_dir = superlink.run_app(ROOT, tmp_path, "one-node", CONFIG, timeout=300)
+    alone, alone_dir = superlink.run_app(ROOT, tmp_path, "one-node", CONFIG, timeout=timing.left())
     assert alone.returncode == 0, alone.stderr[-3000:]
     assert without_wall(read_jsonl(run_dir / "metrics.jsonl")) == without_wall(
         read_jsonl(alone_dir / "metrics.jsonl")

@@ -18,6 +18,7 @@ from fedstale.launcher.cli import main
 from fedstale.launcher.launch import merged_pairs, parse_pairs
 from fedstale.server_app.provenance import provenance
 from fedstale.server_app.results import RUN_FILES
+from tests import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = (
@@ -29,7 +30,7 @@ TINY += "max-virtual-time=40 eval-interval=10"
 def fedstale(*argv: str) -> subprocess.CompletedProcess:
     """`fedstale ...` as a user runs it, from the checkout."""
     command = [sys.executable, "-m", "fedstale.launcher.cli", *argv]
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timing.left())
 
 
 def local_run(

@@ -16,6 +16,7 @@ from fedstale.launcher.ports import start_listening
 from fedstale.server_app.experiment import run_experiment
 from fedstale.server_app.results import read_jsonl
 from fedstale.strategies.registry import load_config
+from tests import timing
 from tests.flower_procs import (
     CONNECTION,
     ONE_CLIENTAPP,
@@ -31,9 +32,9 @@ TINY = "dataset=digits num-clients=10 concurrency=3 lr=0.1 max-virtual-time=3000
 
 
 def fedstale_run(
-    link: SimulationSuperLink, runs: Path, name: str, config: str, timeout: float = 420
+    link: SimulationSuperLink, runs: Path, name: str, config: str
 ) -> tuple[subprocess.CompletedProcess, Path]:
-    return link.run_app(ROOT, runs, name, config, timeout)
+    return link.run_app(ROOT, runs, name, config, timing.left())
 
 
 def test_tiny_run_beats_chance_and_replays_identically(
@@ -80,7 +81,9 @@ def fedstale_local(runs: Path, name: str, config: str, workers: int) -> Path:
     """`fedstale run --local --workers N` as a user runs it; its run folder."""
     command = [tool("fedstale"), "run", "--local", "--workers", str(workers), "--app", str(ROOT)]
     command += ["--run-config", f"{config} run-name={name} runs-dir={runs}"]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    result = subprocess.run(
+        command, capture_output=True, text=True, timeout=timing.left(), check=False
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"locally on {workers} worker(s)" in result.stderr
     return runs / name
@@ -119,7 +122,7 @@ def test_flwr_run_with_a_bad_value_logs_one_line(superlink: SimulationSuperLink)
         env=superlink.env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=timing.left(),
         check=False,
     )
     errors = [line for line in result.stdout.splitlines() if line.startswith("fedstale ERROR")]
@@ -131,7 +134,7 @@ def test_flwr_run_with_a_bad_value_logs_one_line(superlink: SimulationSuperLink)
 def test_demo_budget_reaches_078_on_fashion_mnist(
     strategy: str, superlink: SimulationSuperLink, tmp_path: Path
 ) -> None:
-    result, run_dir = fedstale_run(superlink, tmp_path, strategy, f"strategy={strategy}", 600)
+    result, run_dir = fedstale_run(superlink, tmp_path, strategy, f"strategy={strategy}")
     assert result.returncode == 0, result.stderr[-3000:]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["final_accuracy"] >= 0.78, summary
@@ -225,7 +228,11 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
     command += ["--run-config"]
     config = f"{TINY.replace('max-virtual-time=3000', 'max-virtual-time=500')} runs-dir={tmp_path}"
     result = subprocess.run(
-        [*command, f"{config} run-name=own"], env=env, capture_output=True, text=True, timeout=300
+        [*command, f"{config} run-name=own"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timing.left(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert (tmp_path / "own" / "summary.json").is_file()
@@ -248,7 +255,7 @@ def test_fedstale_run_leaves_no_flower_process_behind(tmp_path: Path) -> None:
             env={**env, PORT_ENV: str(port)},
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=timing.left(),
         )
         assert result.returncode == 0, result.stderr[-3000:]
         assert "using the local SuperLink already up" in result.stderr

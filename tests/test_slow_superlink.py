@@ -14,8 +14,9 @@ import pytest
 
 from fedstale.launcher.deploy import LocalDeployment, stop
 from fedstale.server_app.results import read_jsonl
+from tests import timing
 from tests.superlink_pauses import SuperLinkPauser
-from tests.test_deployment import ROOT, RUN_TIMEOUT, SMALL, WAIT, wait_until
+from tests.test_deployment import ROOT, SMALL, wait_until
 from tests.wheel_env import installed
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("venvs")]
@@ -42,9 +43,11 @@ def paused_run(
     with deployment:
         process = deployment.launch_app(ROOT, config, log)
         try:
-            wait_until(lambda: updates.exists() and updates.stat().st_size > 0, WAIT, "updates")
+            wait_until(
+                lambda: updates.exists() and updates.stat().st_size > 0, timing.left(), "updates"
+            )
             pauser.arm()
-            code = process.wait(RUN_TIMEOUT)
+            code = process.wait(timing.left())
         finally:
             pauser.close()
             stop(process)

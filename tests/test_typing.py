@@ -17,6 +17,7 @@ from fedstale.common.config import RunConfig
 from fedstale.server_app import library_source
 from fedstale.server_app.flower_strategy import FROM_START, LIBRARY_DEFAULTS
 from fedstale.strategies.registry import declarations, is_built_in
+from tests import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVER_APPS = sorted(ROOT.glob("examples/*/*/server_app.py"))
@@ -61,7 +62,7 @@ def test_help_shows_the_arguments_and_given_defaults_are_not_settings() -> None:
 def mypy(*paths: Path) -> subprocess.CompletedProcess[str]:
     command = [sys.executable, "-m", "mypy", "--follow-imports=silent"]
     command += ["--ignore-missing-imports", "--no-incremental", *map(str, paths)]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timing.left(), cwd=ROOT)
 
 
 @pytest.fixture(scope="module")

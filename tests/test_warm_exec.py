@@ -20,6 +20,7 @@ import pytest
 
 from fedstale.launcher.ports import proc_stat
 from fedstale.launcher.warm_exec import ForkExecutor, request_of
+from tests import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def drive(folder: Path, *tokens: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """tests/warm_probe.py in a process of its own: the zygote's and each task's account."""
     command = [sys.executable, "-m", "tests.warm_probe", str(folder), *tokens]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timing.left())
     assert done.returncode == 0, done.stderr[-2000:]
     tasks = {token: json.loads((folder / f"{token}.json").read_text()) for token in tokens}
     return json.loads(done.stdout.strip().splitlines()[-1]), tasks

@@ -26,6 +26,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests import timing
+
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
 # The pins of each bound, and the versions each must end up with (prefixes for "newest":
@@ -35,7 +37,6 @@ EXPECTED = {
     "lower": {"flwr": "1.41.0", "numpy": "1.26.4", "torch": "2.13.0"},
     "newest": {"flwr": "1.42.", "numpy": "2.4.", "torch": "2.13.0"},
 }
-INSTALL_SECONDS = 900
 
 
 def env(**extra: str) -> dict[str, str]:
@@ -91,10 +92,10 @@ def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
     run([sys.executable, "-m", "venv", venv], 120)
     pip = venv / "bin" / "pip"
     if not (runners_torch_is_cpu_build() and link(requirement_closure("torch"), venv)):
-        run([pip, "install", "-q", TORCH], INSTALL_SECONDS)
+        run([pip, "install", "-q", TORCH], timing.left())
     else:
         link(same_as_here(resolved(pip, venv / "resolved.json", wheel, pins)), venv)
-    run([pip, "install", "-q", wheel, *pins], INSTALL_SECONDS)
+    run([pip, "install", "-q", wheel, *pins], timing.left())
     return venv / "bin"
 
 
@@ -115,12 +116,13 @@ def resolved(
     report: Path,
     wheel: Path,
     pins: list[str],
-    timeout: float = INSTALL_SECONDS,
+    timeout: float | None = None,
     extra_env: dict[str, str] | None = None,
+    options: tuple[str, ...] = (),
 ) -> dict[str, str]:
     """{name: version} of what `pip install wheel pins` would add to that virtualenv."""
-    command = [pip, "install", "-q", "--dry-run", "--report", report, wheel, *pins]
-    run(command, timeout, extra_env=extra_env)
+    command = [pip, "install", "-q", "--dry-run", *options, "--report", report, wheel, *pins]
+    run(command, timing.left() if timeout is None else timeout, extra_env=extra_env)
     items = json.loads(report.read_text())["install"]
     return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
 
@@ -204,8 +206,8 @@ def installed() -> tuple[Path, dict[str, Path]]:
     """The wheel and {"lower": bin folder, "newest": bin folder}, made once per session."""
     base = Path(tempfile.mkdtemp(prefix="fedstale-wheel-"))
     atexit.register(shutil.rmtree, base, True)
-    wheel = build_wheel(base / "dist")
-    with ThreadPoolExecutor(len(PINS)) as pool:
+    with timing.one_time("the wheel's virtualenvs"), ThreadPoolExecutor(len(PINS)) as pool:
+        wheel = build_wheel(base / "dist")
         futures = {b: pool.submit(install, base / b, wheel, pins) for b, pins in PINS.items()}
         return wheel, {bound: future.result() for bound, future in futures.items()}
 
@@ -232,7 +234,7 @@ def simulate_outside_the_checkout(
         assert found[package].startswith(version), (package, found)
     run(
         [bin_dir / "fedstale", "run", "--run-config", f"{config} run-name={name}"],
-        1200,
+        timing.left(),
         here,
         {"FLWR_HOME": str(home)},
     )
