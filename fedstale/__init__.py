@@ -75,6 +75,12 @@ def exports() -> dict[str, str]:
     return {**found, **own}
 
 
+def __dir__() -> list[str]:
+    """`dir(fedstale)`, and so a REPL's or notebook's completion of `fedstale.Fed<TAB>`:
+    the module's own names and every export, found as `__getattr__` finds them."""
+    return sorted({*globals(), *exports()})
+
+
 def __getattr__(name: str) -> Any:
     if name == "__all__":
         return ["__version__", *exports()]

@@ -114,7 +114,9 @@ def test_server_clipping_scales_each_delta_to_the_norm_before_the_rule_sees_it()
     weights = per_version_weights(engine)
     expected = sum(sum(w) for w in weights.values()) * 0.5 / np.sqrt(3)
     np.testing.assert_allclose(engine.strategy.model, np.full(3, expected), rtol=1e-5)
-    assert engine.privacy is not None and engine.privacy.clipped == engine.counters.accepted
+    assert (
+        isinstance(engine.privacy, CentralDP) and engine.privacy.clipped == engine.counters.accepted
+    )
     assert engine.privacy.epsilon() is None  # clipping without noise: no guarantee
 
 
@@ -135,7 +137,7 @@ def test_with_dp_noise_seed_every_release_replays_noise_of_z_times_its_sensitivi
     other_config = {**noisy_config, "dp-noise-seed": 5}
     other = ran(dp_engine(FedBuff, FedBuffParams(), **other_config))
     assert not np.array_equal(other.strategy.model, noisy.strategy.model)
-    assert noisy.privacy is not None
+    assert isinstance(noisy.privacy, CentralDP)
     assert (
         noisy.privacy.summary()["privacy"]["noise"] == "replayable from dp-noise-seed: not private"
     )
@@ -153,7 +155,7 @@ def test_without_dp_noise_seed_nobody_who_knows_the_run_config_can_replay_the_no
     assert not np.allclose(first_noise, second.strategy.model - clean.strategy.model)
     for guess in (first.run.seed, 0, 1):
         assert not np.allclose(first_noise, replayed_noise(first, z, norm, seed=guess))
-    assert first.privacy is not None
+    assert isinstance(first.privacy, CentralDP)
     assert first.privacy.summary()["privacy"]["noise"] == "operating-system entropy"
 
 
@@ -173,14 +175,14 @@ def test_a_client_with_several_updates_in_a_release_is_noised_by_their_summed_we
     assert len(sums) == 10 and all(sums[v] >= 2.5 * singles[v] for v in sums)
     expected = replayed_noise(noisy, z, norm, seed=7)
     np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, expected, atol=1e-5)
-    assert noisy.privacy is not None
+    assert isinstance(noisy.privacy, CentralDP)
     assert noisy.privacy.last_std == pytest.approx(z * norm * sums[10])
     assert noisy.privacy.epsilon() == pytest.approx(epsilon_after(noisy.run, 10), rel=1e-12)
 
 
 def test_the_epsilon_spent_is_flowers_rdp_accountant_over_one_event_per_release() -> None:
     engine = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": 1.1}))
-    assert engine.privacy is not None
+    assert isinstance(engine.privacy, CentralDP)
     releases = engine.version
     assert engine.privacy.releases == releases == 12
     flower = RdpAccountant(
@@ -277,7 +279,7 @@ def test_an_update_within_the_float_slack_of_the_norm_is_clipped_to_the_norm() -
     C) and scales it to C: nothing above C enters a release."""
     run = run_config(**{"dp-clipping": "client", "dp-clipping-norm": 1.0})
     privacy = CentralDP.for_run(run)
-    assert privacy is not None
+    assert isinstance(privacy, CentralDP)
     over = np.array([1.0 + 5e-5, 0.0, 0.0], np.float32)
     clipped = privacy.clip(Update(0, 0, 0, 0, 1, over), None)
     assert float(np.linalg.norm(clipped.vector.astype(np.float64))) <= 1.0
@@ -296,7 +298,7 @@ def test_the_pld_accountant_gives_dp_accountings_pld_epsilon_for_the_same_releas
     rdp = ran(dp_engine(FedBuff, FedBuffParams(), **releases))
     direct = PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     direct.compose(dp_accounting.GaussianDpEvent(1.0), 10)
-    assert pld.privacy is not None and rdp.privacy is not None
+    assert isinstance(pld.privacy, CentralDP) and isinstance(rdp.privacy, CentralDP)
     assert pld.privacy.epsilon() == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
     assert pld.privacy.epsilon() == pytest.approx(17.857, abs=0.01)
     assert rdp.privacy.epsilon() == pytest.approx(19.0536, abs=1e-3)
@@ -304,7 +306,7 @@ def test_the_pld_accountant_gives_dp_accountings_pld_epsilon_for_the_same_releas
     assert summary["accounting"].startswith("pld, zero-out of one client's updates")
     fresh = dp_engine(FedBuff, FedBuffParams(), **releases, **{"dp-accountant": "pld"})
     fresh.load_state(json.loads(json.dumps(pld.state())))  # through a checkpoint
-    assert fresh.privacy is not None
+    assert isinstance(fresh.privacy, CentralDP)
     assert fresh.privacy.epsilon() == pytest.approx(pld.privacy.epsilon(), rel=1e-12)
 
 
@@ -362,13 +364,13 @@ def test_a_resumed_run_draws_fresh_unpredictable_noise() -> None:
     for seeded, same in (({}, False), ({"dp-noise-seed": 2}, True)):
         engine = ran(dp_engine(FedBuff, FedBuffParams(), **z, **seeded))
         state = json.loads(json.dumps(engine.state()))
-        assert engine.privacy is not None and "rng" not in json.dumps(state["privacy"])
+        assert isinstance(engine.privacy, CentralDP) and "rng" not in json.dumps(state["privacy"])
         outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
         models = []
         for _ in range(2):
             resumed = dp_engine(FedBuff, FedBuffParams(), **z, **seeded)
             resumed.load_state(state)
-            assert resumed.privacy is not None
+            assert isinstance(resumed.privacy, CentralDP)
             resumed.strategy.model = np.zeros(3, np.float32)
             resumed.privacy.release_of(resumed.strategy, outcome, engine.version + 1)
             models.append(resumed.strategy.model)
@@ -380,7 +382,7 @@ def test_the_privacy_state_survives_a_checkpoint() -> None:
     state = json.loads(json.dumps(engine.state()))
     fresh = dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": 1.0})
     fresh.load_state(state)
-    assert fresh.privacy is not None and engine.privacy is not None
+    assert isinstance(fresh.privacy, CentralDP) and isinstance(engine.privacy, CentralDP)
     assert fresh.privacy.releases == engine.privacy.releases
     assert fresh.privacy.epsilon() == pytest.approx(engine.privacy.epsilon(), rel=1e-12)
 

@@ -85,8 +85,9 @@ def test_the_library_offers_exactly_the_rules_declared_with_a_library_name() -> 
     for name, rule in offered.items():
         cls = getattr(fedstale, name)
         assert issubclass(cls, AsyncStrategy) and cls.rule == rule and cls.__doc__
-        assert name in fedstale.__all__
+        assert name in fedstale.__all__ and name in dir(fedstale)  # completion offers it
     assert {"fedpsa_mod", "fedqs_mod", "mafsa_mod", "AsyncStrategy"} <= set(fedstale.__all__)
+    assert {"fedpsa_mod", "secagg_mod", "AsyncStrategy", "__version__"} <= set(dir(fedstale))
     assert "PACE" not in fedstale.__all__ and "LocalOnly" not in fedstale.__all__
 
 
