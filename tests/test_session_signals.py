@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from tests import timing
 from tests.flower_procs import alive, gone, scope
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +43,7 @@ def sigterm_session(
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
     command += ["tests.conftest", *options, "--rootdir", str(tmp_path)]
     command += [str(tmp_path / "test_signalled.py")]
-    env = {**os.environ, "CHILD_PID_FILE": str(tmp_path / "child-")}
+    env = timing.own_session_env(CHILD_PID_FILE=str(tmp_path / "child-"))
     session = subprocess.Popen(
         command,
         cwd=ROOT,
@@ -142,7 +143,7 @@ def test_a_session_killed_outright_has_its_flower_processes_stopped_by_the_next(
     # test of this one starting pytest) stops abandoned processes as it starts, and would
     # stop this one's on purpose abandoned stand-in before the next session is run.
     scope_of_its_own = {"FEDSTALE_TEST_SCOPE": secrets.token_hex(8)}
-    env = {**os.environ, "CHILD_PID_FILE": str(pid_file), **scope_of_its_own}
+    env = timing.own_session_env(CHILD_PID_FILE=str(pid_file), **scope_of_its_own)
     killed = subprocess.Popen(
         [*command, str(tmp_path / "test_killed.py")],
         cwd=ROOT,

@@ -5,7 +5,6 @@ processes it started stopped."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -60,6 +59,7 @@ def test_the_suites_table_measures_every_test_that_starts_flower_processes() -> 
     listed = subprocess.run(
         [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "integration"],
         cwd=ROOT,
+        env=timing.own_session_env(),
         capture_output=True,
         text=True,
         timeout=timing.left(),
@@ -82,7 +82,7 @@ def test_a_test_past_its_bound_fails_in_one_line_and_stops_what_it_started(
         {"a setup": 2.0},
     )
     pid_file = tmp_path / "child"
-    env = {**os.environ, timing.TABLE_ENV: str(durations), "CHILD_PID_FILE": str(pid_file)}
+    env = timing.own_session_env(**{timing.TABLE_ENV: str(durations)}, CHILD_PID_FILE=str(pid_file))
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p"]
     command += ["tests.conftest", "--rootdir", str(tmp_path), str(source)]
     started = time.monotonic()

@@ -101,6 +101,13 @@ def disarm() -> None:
     _ARMED = None
 
 
+def own_session_env(**extra: str) -> dict[str, str]:
+    """The environment for a pytest session a test starts: this one's without
+    PYTEST_ADDOPTS, whose options (a JUnit file, --record-durations) are the outer
+    session's: the inner one would overwrite its files and record its own tests there."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, **extra}
+
+
 def deploy_timeout() -> str:
     """`fedstale deploy --timeout` for a test's deployment: it stops itself (and its
     SuperLink and SuperNodes) 30 s before the test's bound would."""
