@@ -225,11 +225,11 @@ def measure(args: argparse.Namespace, out: Path, work: Path, rows: list[dict[str
     lock = threading.Lock()
 
     def record(row: dict[str, Any]) -> None:
-        with lock:
+        with lock:  # the progress line too: print() from two threads can join two lines
             rows.append(row)
             with (out / "results.jsonl").open("a") as file:
                 file.write(json.dumps(row) + "\n")
-        print(f"beside_copy: {json.dumps(row)}", flush=True)
+            print(f"beside_copy: {json.dumps(row)}", flush=True)
 
     record(provenance(args))
     copy = Copy(args.copy_command, clone(args.commit, work / "copy"), out, record)
