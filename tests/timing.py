@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import json
 import os
 import re
@@ -51,14 +52,17 @@ class Table:
     def bound(self, key: str) -> float | None:
         """`key`'s bound in seconds; None where it was never measured."""
         seconds = self.tests.get(key)
-        return None if seconds is None else max(self.floor, self.margin * seconds)
+        return None if seconds is None else self.bounded(seconds)
+
+    def bounded(self, seconds: float) -> float:
+        return max(self.floor, self.margin * seconds)
 
     def largest(self) -> float:
         return max(map(self.bound, self.tests), default=self.floor)  # type: ignore[arg-type]
 
     def once_bound(self, name: str) -> float:
         seconds = self.once.get(name)
-        return self.largest() if seconds is None else max(self.floor, self.margin * seconds)
+        return self.largest() if seconds is None else self.bounded(seconds)
 
 
 def key(nodeid: str) -> str:
@@ -67,7 +71,14 @@ def key(nodeid: str) -> str:
 
 
 def table() -> Table:
-    return Table.read(Path(os.environ.get(TABLE_ENV, TABLE)))
+    """The table this process bounds its tests by, read once (it changes only when a
+    session records into it, at its end)."""
+    return _read(Path(os.environ.get(TABLE_ENV, TABLE)))
+
+
+@functools.cache
+def _read(path: Path) -> Table:
+    return Table.read(path)
 
 
 @dataclass
