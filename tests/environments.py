@@ -22,16 +22,9 @@ from pathlib import Path
 
 from fedstale.launcher.deploy import CONNECTION
 from tests import timing
-from tests.wheel_env import resolved, run
+from tests.wheel_env import FAST_DEPS, RESOLVING_PIP, resolved, run
 
 INSTALL_SECONDS = 1200  # bench.environments' multi-GB installs, outside any test's bound
-# The resolution reads each wheel's METADATA only. A registry that does not list PEP 658
-# metadata (this machine's mirror) made pip 23.2 (Python's own) download every wheel it
-# considered: 3 GB and 50 s of CPU for Python 3.12 with torch 2.11.0. pip 26 with its lazy
-# wheels reads the metadata by HTTP range requests instead: no wheel downloaded, 11 s of CPU,
-# the same 107 distributions resolved.
-RESOLVING_PIP = "pip>=26"
-FAST_DEPS = ("--use-feature=fast-deps",)
 TINY = (
     "strategy=fedbuff dataset=digits buffer-size=2 max-virtual-time=0 eval-interval=500 "
     "num-clients=4 concurrency=2 max-updates=8"

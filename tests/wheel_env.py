@@ -30,6 +30,13 @@ from tests import timing
 
 ROOT = Path(__file__).resolve().parent.parent
 TORCH = "torch==2.13.0"  # the CPU build from the local wheel directory
+# The resolution reads each wheel's METADATA only. A registry that does not list PEP 658
+# metadata (this machine's mirror) made pip 23.2 (Python's own) download every wheel it
+# considered: 3 GB and 50 s of CPU for Python 3.12 with torch 2.11.0. pip 26 with its lazy
+# wheels reads the metadata by HTTP range requests instead: no wheel downloaded, 11 s of CPU,
+# the same 107 distributions resolved.
+RESOLVING_PIP = "pip>=26"
+FAST_DEPS = ("--use-feature=fast-deps",)
 # The pins of each bound, and the versions each must end up with (prefixes for "newest":
 # the top of each range, whichever patch release the registry serves).
 PINS = {"lower": ["flwr[simulation]==1.41.0", "numpy==1.26.4"], "newest": []}
@@ -94,7 +101,9 @@ def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
     if not (runners_torch_is_cpu_build() and link(requirement_closure("torch"), venv)):
         run([pip, "install", "-q", TORCH], timing.left())
     else:
-        link(same_as_here(resolved(pip, venv / "resolved.json", wheel, pins)), venv)
+        run([pip, "install", "-q", "--upgrade", RESOLVING_PIP], timing.left())
+        found = resolved(pip, venv / "resolved.json", wheel, pins, options=FAST_DEPS)
+        link(same_as_here(found), venv)
     run([pip, "install", "-q", wheel, *pins], timing.left())
     return venv / "bin"
 
