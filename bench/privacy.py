@@ -60,7 +60,7 @@ BASE = {
 def noise_for(epsilon: float, releases: int) -> float:
     """The noise multiplier whose `releases` releases spend exactly `epsilon` at DELTA."""
     from fedstale.common.config import RunConfig
-    from fedstale.server_app.privacy.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import epsilon_after
 
     def spent(z: float) -> float:
         run = RunConfig.model_validate(

@@ -243,7 +243,7 @@ def per_client_epsilon(mu2: float, delta: float) -> float:
 def under_noised(scale: float) -> Iterator[None]:
     """A planted bug for the audit to find: every release noised with `scale` times the
     deviation the accountant charges for (1: the honest run)."""
-    from fedstale.server_app.privacy import central_dp
+    from fedstale.server_app.stages import central_dp
 
     honest = central_dp.noised
     if scale == 1.0:

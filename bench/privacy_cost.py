@@ -37,7 +37,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from fedstale.common.config import RunConfig  # noqa: E402
-from fedstale.server_app.privacy.central_dp import CentralDP  # noqa: E402
+from fedstale.server_app.stages.central_dp import CentralDP  # noqa: E402
 from fedstale.strategies.base import Outcome  # noqa: E402
 
 SIZES = {  # parameters of fedstale's models (fedstale.common.models.build_model)
@@ -98,7 +98,7 @@ def per_release(cell: Cell, releases: int) -> dict[str, float]:
         stage = CentralDP.for_run(run_for(cell), folder=Path(folder), name="bench")
         assert stage is not None
         start = time.perf_counter()
-        stage.started(rule)  # type: ignore[arg-type]
+        stage.opening(rule)  # type: ignore[arg-type]
         opened = time.perf_counter() - start
         times = []
         for version in range(1, releases + 1):

@@ -95,19 +95,44 @@ def test_the_engine_and_the_setup_never_probe_a_strategy_by_name() -> None:
     assert not probes
 
 
-def test_privacy_is_one_stage_the_engine_calls_the_same_way_on_or_off() -> None:
-    """No `privacy is None` branch in the engine; the privacy room imports nothing of the
-    server app outside itself (no arrow back up), and the engine imports only its stage."""
+FEATURE_WORDS = ("privacy", "secure", "secagg", "central_dp", "dp_", "exchange", "topology")
+
+
+def feature_names(source: str) -> set[str]:
+    """Names, attributes and imported modules in `source` that name a feature."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        words = []
+        if isinstance(node, ast.Name):
+            words = [node.id]
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, ast.ImportFrom):
+            words = [node.module or "", *(alias.name for alias in node.names)]
+        elif isinstance(node, ast.FunctionDef):
+            words = [node.name]
+        found |= {w for w in words if any(f in w.lower() for f in FEATURE_WORDS)}
+    return found
+
+
+def test_the_engine_names_no_stage_and_the_stages_import_nothing_above_them() -> None:
+    """The engine calls one pipeline of stages whether a feature is on or off: it names no
+    feature (no attribute, branch or import of one); the stages' room imports, of the server
+    app, only itself and the transport's reply type (no arrow back up)."""
     engine = (ROOT / "fedstale" / "server_app" / "engine.py").read_text()
-    assert "privacy is None" not in engine and "privacy is not None" not in engine
-    assert "central_dp" not in engine
-    room = ROOT / "fedstale" / "server_app" / "privacy"
+    assert feature_names(engine) == set()
+    room = ROOT / "fedstale" / "server_app" / "stages"
+    assert {p.stem for p in room.glob("*.py")} >= {"pipeline", "central_dp", "secure"}
     for path in room.glob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
-                "fedstale.server_app"
-            ):
-                assert (node.module or "").startswith("fedstale.server_app.privacy"), path
+        for module in module_imports(path):
+            if module.startswith("fedstale.server_app"):
+                allowed = ("fedstale.server_app.stages", "fedstale.server_app.transport")
+                assert module.startswith(allowed), (path.name, module)
+
+
+def test_the_feature_finder_finds_a_feature() -> None:
+    source = "from fedstale.server_app.stages.secure import X\nself.privacy.clip(u)\n"
+    assert feature_names(source) == {"fedstale.server_app.stages.secure", "privacy"}
 
 
 def test_the_checker_sees_an_import_inside_a_function(tmp_path: Path) -> None:

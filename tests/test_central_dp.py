@@ -1,4 +1,4 @@
-"""Central DP in the engine (fedstale/server_app/privacy/central_dp.py): clipping before the rule,
+"""Central DP in the engine (fedstale/server_app/stages/central_dp.py): clipping before the rule,
 noise of the declared deviation (per client) on every release, unpredictable unless a
 replay seed is asked for, accounted with Flower's RdpAccountant (or PLD), a budget that
 ends the run, and nodes that do not clip excluded."""
@@ -26,13 +26,14 @@ from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import CLIPPING_NORM, TaskKeys
 from fedstale.server_app.engine import Engine
-from fedstale.server_app.privacy.central_dp import (
+from fedstale.server_app.stages import stages_for
+from fedstale.server_app.stages.central_dp import (
     CentralDP,
     check_budget,
     epsilon_after,
     releases_within,
 )
-from fedstale.server_app.privacy.noise import NOISE_STREAM
+from fedstale.server_app.stages.noise import NOISE_STREAM
 from fedstale.strategies.base import Outcome, Update
 from fedstale.strategies.fedasync import FedAsync, FedAsyncParams
 from fedstale.strategies.fedavg import FedAvg
@@ -73,8 +74,15 @@ def dp_engine(
         profile_for(run),
         lambda flat: (0.0, 0.0),
         ListRecorder(),
-        privacy=CentralDP.for_run(run),
+        stages=stages_for(run, LAYOUT),
     )
+
+
+def dp(engine: Engine) -> CentralDP:
+    """The run's central DP stage (the test fails where the run has none)."""
+    stage = engine.stages.find(CentralDP)
+    assert stage is not None, "no central DP stage in this run"
+    return stage
 
 
 def ran(engine: Engine) -> Engine:
@@ -114,10 +122,8 @@ def test_server_clipping_scales_each_delta_to_the_norm_before_the_rule_sees_it()
     weights = per_version_weights(engine)
     expected = sum(sum(w) for w in weights.values()) * 0.5 / np.sqrt(3)
     np.testing.assert_allclose(engine.strategy.model, np.full(3, expected), rtol=1e-5)
-    assert (
-        isinstance(engine.privacy, CentralDP) and engine.privacy.clipped == engine.counters.accepted
-    )
-    assert engine.privacy.epsilon() is None  # clipping without noise: no guarantee
+    assert dp(engine).clipped == engine.counters.accepted
+    assert dp(engine).epsilon() is None  # clipping without noise: no guarantee
 
 
 def test_with_dp_noise_seed_every_release_replays_noise_of_z_times_its_sensitivity() -> None:
@@ -137,10 +143,7 @@ def test_with_dp_noise_seed_every_release_replays_noise_of_z_times_its_sensitivi
     other_config = {**noisy_config, "dp-noise-seed": 5}
     other = ran(dp_engine(FedBuff, FedBuffParams(), **other_config))
     assert not np.array_equal(other.strategy.model, noisy.strategy.model)
-    assert isinstance(noisy.privacy, CentralDP)
-    assert (
-        noisy.privacy.summary()["privacy"]["noise"] == "replayable from dp-noise-seed: not private"
-    )
+    assert dp(noisy).summary()["privacy"]["noise"] == "replayable from dp-noise-seed: not private"
 
 
 def test_without_dp_noise_seed_nobody_who_knows_the_run_config_can_replay_the_noise() -> None:
@@ -155,8 +158,7 @@ def test_without_dp_noise_seed_nobody_who_knows_the_run_config_can_replay_the_no
     assert not np.allclose(first_noise, second.strategy.model - clean.strategy.model)
     for guess in (first.run.seed, 0, 1):
         assert not np.allclose(first_noise, replayed_noise(first, z, norm, seed=guess))
-    assert isinstance(first.privacy, CentralDP)
-    assert first.privacy.summary()["privacy"]["noise"] == "operating-system entropy"
+    assert dp(first).summary()["privacy"]["noise"] == "operating-system entropy"
 
 
 def test_a_client_with_several_updates_in_a_release_is_noised_by_their_summed_weights() -> None:
@@ -175,16 +177,14 @@ def test_a_client_with_several_updates_in_a_release_is_noised_by_their_summed_we
     assert len(sums) == 10 and all(sums[v] >= 2.5 * singles[v] for v in sums)
     expected = replayed_noise(noisy, z, norm, seed=7)
     np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, expected, atol=1e-5)
-    assert isinstance(noisy.privacy, CentralDP)
-    assert noisy.privacy.last_std == pytest.approx(z * norm * sums[10])
-    assert noisy.privacy.epsilon() == pytest.approx(epsilon_after(noisy.run, 10), rel=1e-12)
+    assert dp(noisy).last_std == pytest.approx(z * norm * sums[10])
+    assert dp(noisy).epsilon() == pytest.approx(epsilon_after(noisy.run, 10), rel=1e-12)
 
 
 def test_the_epsilon_spent_is_flowers_rdp_accountant_over_one_event_per_release() -> None:
     engine = ran(dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": 1.1}))
-    assert isinstance(engine.privacy, CentralDP)
     releases = engine.version
-    assert engine.privacy.releases == releases == 12
+    assert dp(engine).releases == releases == 12
     flower = RdpAccountant(
         PrivacyConfig(
             target_delta=1e-5,
@@ -195,8 +195,8 @@ def test_the_epsilon_spent_is_flowers_rdp_accountant_over_one_event_per_release(
     )
     for _ in range(releases):
         flower.compose(GaussianPrivacyEvent(1.1, sample_size=2, population_size=6))
-    assert engine.privacy.epsilon() == pytest.approx(flower.get_epsilon(1e-5), rel=1e-12)
-    summary = engine.privacy.summary()["privacy"]
+    assert dp(engine).epsilon() == pytest.approx(flower.get_epsilon(1e-5), rel=1e-12)
+    summary = dp(engine).summary()["privacy"]
     assert summary["releases"] == 12 and summary["delta"] == 1e-5
     assert summary["epsilon"] == pytest.approx(flower.get_epsilon(1e-5), rel=1e-12)
 
@@ -298,16 +298,14 @@ def test_the_pld_accountant_gives_dp_accountings_pld_epsilon_for_the_same_releas
     rdp = ran(dp_engine(FedBuff, FedBuffParams(), **releases))
     direct = PLDAccountant(dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
     direct.compose(dp_accounting.GaussianDpEvent(1.0), 10)
-    assert isinstance(pld.privacy, CentralDP) and isinstance(rdp.privacy, CentralDP)
-    assert pld.privacy.epsilon() == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
-    assert pld.privacy.epsilon() == pytest.approx(17.857, abs=0.01)
-    assert rdp.privacy.epsilon() == pytest.approx(19.0536, abs=1e-3)
-    summary = pld.privacy.summary()["privacy"]
+    assert dp(pld).epsilon() == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+    assert dp(pld).epsilon() == pytest.approx(17.857, abs=0.01)
+    assert dp(rdp).epsilon() == pytest.approx(19.0536, abs=1e-3)
+    summary = dp(pld).summary()["privacy"]
     assert summary["accounting"].startswith("pld, zero-out of one client's updates")
     fresh = dp_engine(FedBuff, FedBuffParams(), **releases, **{"dp-accountant": "pld"})
     fresh.load_state(json.loads(json.dumps(pld.state())))  # through a checkpoint
-    assert isinstance(fresh.privacy, CentralDP)
-    assert fresh.privacy.epsilon() == pytest.approx(pld.privacy.epsilon(), rel=1e-12)
+    assert dp(fresh).epsilon() == pytest.approx(dp(pld).epsilon(), rel=1e-12)
 
 
 class Deployed(ScriptedTransport):
@@ -350,9 +348,9 @@ def test_dp_client_values_omit_keeps_only_what_the_guarantee_covers() -> None:
     fedbuff = CentralDP.for_run(run_config(**omit))
     kept = CentralDP.for_run(run_config(strategy="fedpsa", **{"dp-clipping-norm": 1.0}))
     assert fedpsa is not None and fedbuff is not None and kept is not None
-    assert fedpsa.public_record(row) == {"client": 1, "task": 7, "staleness": 2, "late": True}
-    assert fedbuff.public_record(row) == {k: v for k, v in row.items() if k != "kappa"}
-    assert kept.public_record(row) == row
+    assert fedpsa.record(row) == {"client": 1, "task": 7, "staleness": 2, "late": True}
+    assert fedbuff.record(row) == {k: v for k, v in row.items() if k != "kappa"}
+    assert kept.record(row) == row
     with pytest.raises(ConfigError, match="per-client evaluation scores the clients' own data"):
         load_config({**omit, "eval-target": "per-client"})
 
@@ -364,15 +362,14 @@ def test_a_resumed_run_draws_fresh_unpredictable_noise() -> None:
     for seeded, same in (({}, False), ({"dp-noise-seed": 2}, True)):
         engine = ran(dp_engine(FedBuff, FedBuffParams(), **z, **seeded))
         state = json.loads(json.dumps(engine.state()))
-        assert isinstance(engine.privacy, CentralDP) and "rng" not in json.dumps(state["privacy"])
+        assert "rng" not in json.dumps(state["privacy"])
         outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
         models = []
         for _ in range(2):
             resumed = dp_engine(FedBuff, FedBuffParams(), **z, **seeded)
             resumed.load_state(state)
-            assert isinstance(resumed.privacy, CentralDP)
             resumed.strategy.model = np.zeros(3, np.float32)
-            resumed.privacy.release_of(resumed.strategy, outcome, engine.version + 1)
+            dp(resumed).release_of(resumed.strategy, outcome, engine.version + 1)
             models.append(resumed.strategy.model)
         assert np.array_equal(models[0], models[1]) == same
 
@@ -382,9 +379,8 @@ def test_the_privacy_state_survives_a_checkpoint() -> None:
     state = json.loads(json.dumps(engine.state()))
     fresh = dp_engine(FedBuff, FedBuffParams(), **{"dp-noise-multiplier": 1.0})
     fresh.load_state(state)
-    assert isinstance(fresh.privacy, CentralDP) and isinstance(engine.privacy, CentralDP)
-    assert fresh.privacy.releases == engine.privacy.releases
-    assert fresh.privacy.epsilon() == pytest.approx(engine.privacy.epsilon(), rel=1e-12)
+    assert dp(fresh).releases == dp(engine).releases
+    assert dp(fresh).epsilon() == pytest.approx(dp(engine).epsilon(), rel=1e-12)
 
 
 @pytest.mark.parametrize(
@@ -535,8 +531,8 @@ def test_fedstales_rdp_accountant_is_flowers_to_the_last_digit_and_shares_its_st
     """fedstale's RdpAccountant (dp_accounting, no Flower internals) composes as Flower's
     does: the same epsilon, optimal order and delta for mixed events, and each loads the
     other's state (a checkpoint written with Flower's accountant resumes)."""
-    from fedstale.server_app.privacy.accounting import AccountingConfig, GaussianRelease
-    from fedstale.server_app.privacy.accounting import RdpAccountant as Ours
+    from fedstale.server_app.stages.accounting import AccountingConfig, GaussianRelease
+    from fedstale.server_app.stages.accounting import RdpAccountant as Ours
 
     ours, flower = Ours(AccountingConfig(1e-5, 6)), accountant()
     for noise, size, count in ((1.1, 2, 3), (0.7, 6, 1), (2.0, 1, 5)):

@@ -123,7 +123,7 @@ def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path
     """The ledger, not the checkpoint, holds the releases: the first run was checkpointed
     at version 8 and went on to 10; resumed from 8 to 14, the lineage has made 10 + 6
     releases, and the resumed run's epsilon is theirs."""
-    from fedstale.server_app.privacy.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import epsilon_after
 
     dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     run(tmp_path, "first", strategy="fedbuff", **dp, **{"max-versions": 10})

@@ -35,9 +35,9 @@ from fedstale.server_app.contract import FlowerContract, MissingSignal
 from fedstale.server_app.engine import Engine, EngineError
 from fedstale.server_app.flower_strategy import AsyncStrategy
 from fedstale.server_app.nodes import NodesInOrder
-from fedstale.server_app.privacy.central_dp import epsilon_after
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
+from fedstale.server_app.stages.central_dp import epsilon_after
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
 from fedstale.strategies.fedpsa import FedPSAKeys

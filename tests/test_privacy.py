@@ -195,7 +195,7 @@ def test_each_rules_releases_get_noise_of_the_declared_deviation(name: str) -> N
     """2,000 releases of the rule's own outcome through CentralDP (versions 1..2000, each
     its own draw, replayable with the opt-in dp-noise-seed): the added noise's sample
     standard deviation is within 3% of z * S (its standard error: 1/sqrt(2 * 80,000) = 0.25%)."""
-    from fedstale.server_app.privacy.central_dp import CentralDP
+    from fedstale.server_app.stages.central_dp import CentralDP
 
     strategy = dp_rule(name, **{"dp-noise-multiplier": 1.3, "dp-noise-seed": 0})
     outcome = None
@@ -211,6 +211,6 @@ def test_each_rules_releases_get_noise_of_the_declared_deviation(name: str) -> N
         privacy.release_of(strategy, outcome, version)
         added.append(strategy.model.astype(np.float64) - clean)
     weights = [r["weight"] for r in outcome.records]
-    declared = 1.3 * release_sensitivity(privacy.release.kind, weights, C)
+    declared = 1.3 * release_sensitivity(privacy.declared.kind, weights, C)
     assert privacy.last_std == pytest.approx(declared)
     assert np.std(added) == pytest.approx(declared, rel=0.03)

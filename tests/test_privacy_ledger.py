@@ -1,4 +1,4 @@
-"""The privacy ledger and the budget (fedstale/server_app/privacy/): every release written
+"""The privacy ledger and the budget (fedstale/server_app/stages/): every release written
 before it leaves, counted across resumes and forks of one lineage, the budget checked on
 the live ledger before each release, a killed run losing nothing, nothing un-noised kept,
 values outside the guarantee left out by default, and the secure noise option."""
@@ -24,12 +24,13 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedstale.common.config import ConfigError
 from fedstale.server_app import checkpoint
-from fedstale.server_app.privacy.central_dp import CentralDP, epsilon_after
-from fedstale.server_app.privacy.ledger import LEDGER_FILE, RELEASE, Ledger
-from fedstale.server_app.privacy.noise import NOISE_STREAM, SecureGaussian
+from fedstale.server_app.stages.central_dp import CentralDP, epsilon_after
+from fedstale.server_app.stages.ledger import LEDGER_FILE, RELEASE, Ledger
+from fedstale.server_app.stages.noise import NOISE_STREAM, SecureGaussian
+from fedstale.server_app.stages.pipeline import Pipeline
 from fedstale.strategies.base import Outcome
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
-from fedstale.strategies.registry import load_config
+from fedstale.strategies.registry import load_config, rule_named
 from tests import timing
 from tests.helpers import run_config
 from tests.test_central_dp import accountant, dp_engine, ran
@@ -137,7 +138,7 @@ def test_a_resume_without_its_lineages_ledger_is_refused(tmp_path: Path) -> None
 
 def rechained(lines: list[dict[str, Any]]) -> str:
     """Lines written back with every `prev` recomputed: a chain that is whole again."""
-    from fedstale.server_app.privacy.ledger import line_hash
+    from fedstale.server_app.stages.ledger import line_hash
 
     out, head = [], ""
     for line in lines:
@@ -294,14 +295,16 @@ def test_an_accountant_passed_with_releases_stops_the_run_before_it_passes_the_b
     second would not (12.30 > 12)."""
     settings = {"dp-noise-multiplier": 1.0, "dp-max-epsilon": 12.0, "max-versions": 20}
     engine = dp_engine(FedBuff, FedBuffParams(), **settings)
-    stage = CentralDP(engine.run, engine.privacy.release, flowers_accountant(3))  # type: ignore[attr-defined]
-    engine.privacy = stage
+    declared = rule_named("fedbuff").dp
+    assert declared is not None
+    stage = CentralDP(engine.run, declared, flowers_accountant(3))
+    engine.stages = Pipeline([stage])
     ran(engine)
     assert (engine.version, stage.own, stage.releases) == (1, 1, 1)
     assert stage.epsilon() == pytest.approx(10.73, abs=0.01) and stage.epsilon() <= 12
     assert engine.stop_reason.startswith("privacy budget: epsilon 10.7")
     spent = dp_engine(FedBuff, FedBuffParams(), **settings)
-    spent.privacy = CentralDP(spent.run, stage.release, flowers_accountant(4))
+    spent.stages = Pipeline([CentralDP(spent.run, declared, flowers_accountant(4))])
     ran(spent)
     assert spent.version == 0 and spent.stop_reason.startswith("privacy budget")
 
@@ -312,7 +315,7 @@ def test_a_release_past_the_budget_is_withheld_and_the_model_stays_the_last_rele
     )
     strategy = FedBuff(run_, FedBuffParams(), np.zeros(3, np.float32))
     stage = CentralDP.for_run(run_)
-    assert stage is not None and stage.started(strategy) == ""
+    assert stage is not None and stage.opening(strategy) == ""
     outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
     verdicts = [stage.release_of(strategy, outcome, version) for version in range(1, 5)]
     assert all(v.released for v in verdicts) and verdicts[-1].stop.startswith("privacy budget")
@@ -334,7 +337,7 @@ def test_the_pld_budget_stops_at_the_last_release_dp_accountings_pld_keeps_withi
     import dp_accounting
     from dp_accounting.pld.pld_privacy_accountant import PLDAccountant
 
-    from fedstale.server_app.privacy.accounting import (
+    from fedstale.server_app.stages.accounting import (
         AccountingConfig,
         GaussianRelease,
         PldAccountant,

@@ -9,7 +9,8 @@ from types import SimpleNamespace
 import pytest
 
 from fedstale.server_app import progress
-from fedstale.server_app.privacy.stage import NoPrivacy
+from fedstale.server_app.stages.central_dp import CentralDP
+from fedstale.server_app.stages.pipeline import Pipeline
 from tests.helpers import run_config
 
 
@@ -20,7 +21,7 @@ def engine_at(clock: float, accepted: int, version: int, **budgets: float) -> Si
         version=version,
         clock=SimpleNamespace(now=lambda: clock),
         wall_start=time.monotonic(),
-        privacy=NoPrivacy(),  # an engine always has its privacy stage
+        stages=Pipeline(),  # no stage: no privacy
     )
 
 
@@ -52,7 +53,8 @@ def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
     def line(metric: str, scores: list[float], epsilon: float | None = None) -> str:
         engine = engine_at(250, 6, 3, max_virtual_time=1000, metric=metric)
         if epsilon is not None:
-            engine.privacy = SimpleNamespace(epsilon=lambda: epsilon)
+            stage = SimpleNamespace(epsilon=lambda: epsilon)
+            engine.stages = SimpleNamespace(find=lambda kind: stage if kind is CentralDP else None)
         engine.strategy = "fedbuff"  # type: ignore[attr-defined]
         engine.counters = SimpleNamespace(accepted=6, rejected=0, failed=0)
         engine.evaluations = [SimpleNamespace(accuracy=s) for s in scores]

@@ -25,7 +25,7 @@ from fedstale.common.secagg.field import PRIME, Quantiser, random_elements
 from fedstale.launcher.inprocess import InProcessTransport
 from fedstale.launcher.local import trainer_for
 from fedstale.server_app.experiment import run_experiment
-from fedstale.server_app.secure import SecureAggregation
+from fedstale.server_app.stages.secure import SecureAggregation
 from fedstale.strategies.registry import load_config
 
 BASE = {
@@ -652,7 +652,7 @@ def test_a_run_whose_holders_all_fall_silent_stops_with_one_line(
 def test_central_dp_noises_the_unmasked_sum_and_accounts_every_release(tmp_path: Path) -> None:
     """Secure aggregation with central DP: the ClientApp clips (the server cannot see the
     update), the server noises each unmasked sum, and the ledger holds every release."""
-    from fedstale.server_app.privacy.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import epsilon_after
 
     dp = {"dp-clipping": "client", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     summary, _ = secure_run(tmp_path, "dp", **dp, **{"max-versions": 4})
@@ -731,10 +731,10 @@ def test_a_masked_reply_of_the_wrong_size_type_or_range_is_rejected_in_one_line(
     stage = keyed_stage()
     parts = {k: v for k, v in {**good_parts(stage), **change}.items() if v is not None}
     with pytest.raises(InvalidReply, match=reason):
-        stage.take(0, 0, Reply("m", metrics={}, sets={wire.SET: parts}))
-    stage.take(1, 0, Reply("m", metrics={}, sets={wire.SET: good_parts(stage)}))  # the same, whole
+        stage.reply(0, 0, Reply("m", metrics={}, sets={wire.SET: parts}))
+    stage.reply(1, 0, Reply("m", metrics={}, sets={wire.SET: good_parts(stage)}))  # the same, whole
     with pytest.raises(InvalidReply, match=r"add fedstale\.secagg_mod\(\)"):
-        stage.take(2, 0, Reply("m", metrics={}, arrays={"w": np.zeros(4, np.float32)}))
+        stage.reply(2, 0, Reply("m", metrics={}, arrays={"w": np.zeros(4, np.float32)}))
 
 
 def test_a_holders_share_out_of_range_is_ignored_with_one_line(

@@ -60,8 +60,8 @@ from fedstale.launcher.ray_cluster import RAY_ADDRESS, ray_cluster
 from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
-from fedstale.server_app.privacy.central_dp import dominance_notes
 from fedstale.server_app.results import runs_root
+from fedstale.server_app.stages.central_dp import dominance_notes
 from fedstale.strategies.registry import package_rules
 
 

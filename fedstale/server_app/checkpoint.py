@@ -50,7 +50,7 @@ class Checkpoint:
 def public_state(engine: Engine) -> tuple[str, ...] | None:
     """The rule's kept attributes a checkpoint may hold: all (None) unless DP omits the
     clients' values, then those its release declares public."""
-    if engine.privacy.keeps_client_values:
+    if engine.stages.keeps_client_values:
         return None
     release = rule_named(engine.run.strategy).dp
     return release.public if release is not None else ()

@@ -12,10 +12,8 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
-
-import numpy as np
 
 
 @dataclass
@@ -35,7 +33,6 @@ class Task:
     finishes_at: float
     deadline: float = math.inf
     sets: tuple[str, ...] = ()
-    start: np.ndarray | None = field(default=None, compare=False, repr=False)  # DP, models
 
 
 class Clock(Protocol):

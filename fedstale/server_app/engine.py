@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
 from typing import Any, Protocol
 
@@ -33,15 +33,9 @@ from fedstale.server_app.clock import Clock, Task, make_clock
 from fedstale.server_app.contract import Contract, FedstaleContract, MissingSignal
 from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.nodes import NodeBook, Nodes
-from fedstale.server_app.privacy.stage import NoPrivacy, PrivacyStage
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.scored import ClientScorer, Evaluation, Evaluator
-from fedstale.server_app.secure import (
-    Request,
-    SecureAggregationError,
-    SecureStage,
-    secure_stage,
-)
+from fedstale.server_app.stages.pipeline import Pipeline, Sets, Stage, StageError
 from fedstale.server_app.tasks import TaskBook
 from fedstale.server_app.transport import Reply, SendRefused, Transport
 from fedstale.strategies.base import (
@@ -49,9 +43,9 @@ from fedstale.strategies.base import (
     InFlight,
     Outcome,
     Strategy,
-    Topology,
     Update,
     View,
+    declare_edges,
 )
 
 log = logging.getLogger("fedstale")
@@ -84,7 +78,7 @@ class Engine:
         client_scorer: ClientScorer | None = None,
         contract: Contract | None = None,
         nodes: Nodes | None = None,
-        privacy: PrivacyStage | None = None,
+        stages: Sequence[Stage] = (),
     ) -> None:
         self.run = run
         self.strategy = strategy
@@ -117,8 +111,8 @@ class Engine:
         self.stop_asked_at = 0
         self.stall_since: float | None = None
         self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
-        self.privacy: PrivacyStage = privacy or NoPrivacy()
-        self.secure: SecureStage = secure_stage(run, layout)
+        self.stages = Pipeline(stages)
+        self.messages = EngineMessages(self)
         self.first_update_time: float | None = None  # Unix time of the first accepted update
         self.first_update_at: float | None = None  # and its monotonic time
 
@@ -224,7 +218,7 @@ class Engine:
             extra={
                 **assignment.entries,
                 **self.scores.task_entries(),
-                **self.privacy.task_entries(),
+                **self.stages.task_entries(),
                 **self.nodes.entries(assignment.client),
             },
         )
@@ -241,11 +235,10 @@ class Engine:
         models = {name: self.layout.unflatten(v) for name, v in assignment.models.items()}
         main = self.contract.outgoing(models.pop(ARRAYS))
         carries = self.contract.replies_carry(self.strategy.returns)
-        secure_config, secure_sets = self.secure.task_parts(task_id, client, carries)
-        config = {**self.contract.task_config(spec, assignment), **secure_config}
-        sets = {**models, **secure_sets}
+        stage_config, stage_sets = self.stages.task_parts(task_id, client, carries)
+        config = {**self.contract.task_config(spec, assignment), **stage_config}
         try:
-            msg_id = self.transport.send(node, MSG_TRAIN, config, main, sets or None)
+            msg_id = self.send(node, config, main, {**models, **stage_sets})
         except SendRefused as err:
             log.warning(
                 "node %d (client %d) left: %s; it gets no work until it returns", node, client, err
@@ -254,7 +247,7 @@ class Engine:
             return
         self.next_task_id += 1
         self.contract.sent(task_id, assignment.models[ARRAYS])
-        self.secure.sent(task_id, assignment.models[ARRAYS], carries)
+        self.stages.sent(task_id, assignment.models[ARRAYS], self.strategy.returns, carries)
         latency = self.latency.task_latency(client, task_id, spec)
         timeout = self.run.task_timeout
         self.book.add(
@@ -269,7 +262,6 @@ class Engine:
                 finishes_at=self.clock.finish_time(latency),
                 deadline=time.monotonic() + timeout if timeout else math.inf,
                 sets=tuple(sorted(assignment.reply_sets)),
-                start=self.privacy.start_of(self.strategy.returns, assignment.models[ARRAYS]),
             )
         )
         self.strategy.on_dispatch(client)
@@ -370,9 +362,9 @@ class Engine:
         `on_reject`)."""
         try:
             arrival = Arrival(task, self.version, self.counters.accepted, self.book.answered)
-            seen = self.secure.take(task.task_id, task.client, reply)
+            seen = self.stages.reply(task.task_id, task.client, reply)
             update = self.contract.update(arrival, seen, self.strategy, self.layout)
-            return self.privacy.clip(update, task.start)
+            return self.stages.update(task.task_id, update)
         except InvalidReply as err:
             self.reject(task, err)
             on_reject()
@@ -403,7 +395,7 @@ class Engine:
             task.client,
             err,
         )
-        if self.privacy.excludes(task.node, task.client, err):
+        if self.stages.excludes(task.node, task.client, err):
             self.exclude(task.node)
         if isinstance(err, MissingSignal):
             self.missing_signals += 1
@@ -411,7 +403,7 @@ class Engine:
                 raise EngineError(str(err))
 
     def exclude(self, node: int) -> None:
-        """Exclude a node the privacy stage refuses (its updates exceed the clipping norm)
+        """Exclude a node a stage refuses (central DP: its updates exceed the clipping norm)
         and retire its tasks; with no node left, the run ends (its results kept)."""
         self.nodes.exclude(node)
         for other in self.book.on_nodes({node}):
@@ -430,18 +422,17 @@ class Engine:
             self.apply(outcome)
 
     def apply(self, outcome: Outcome) -> None:
-        """Bump the version, record the weights, supersede and replace, checkpoint."""
+        """Release a changed model through the stages (a new version), record the weights,
+        supersede and replace, checkpoint."""
         released = False
-        unmasked = not outcome.changed or self.secure.unmask(self.strategy, outcome, self.exchange)
-        self.stop_reason = self.stop_reason or self.secure.stop()
-        if outcome.changed and unmasked:
-            verdict = self.privacy.release_of(self.strategy, outcome, self.version + 1)
+        if outcome.changed:
+            verdict = self.stages.release(self.strategy, outcome, self.version + 1, self.messages)
             self.stop_reason = verdict.stop or self.stop_reason
             released = verdict.released
             if released:
                 self.version += 1
         for record in outcome.records:
-            public = self.privacy.public_record(record)
+            public = self.stages.record(record)
             self.recorder.update(
                 {"time": self.clock.now(), "version": self.version, **_plain(public)}
             )
@@ -455,33 +446,14 @@ class Engine:
     def forget(self, task_id: int) -> None:
         """Task `task_id` ended (answered, lost or superseded): what was kept for it goes."""
         self.contract.forget(task_id)
-        self.secure.forget(task_id)
+        self.stages.forget(task_id)
 
-    def exchange(
-        self, requests: list[Request], needed: int, seconds: float
-    ) -> list[tuple[int, Reply]]:
-        """Messages of a stage's own protocol (secure aggregation's keys and shares): sent
-        at once, their replies gathered until `needed` came without an error, every one
-        came, or `seconds` passed. Each reply with the client it came from."""
-        sent: dict[str, int] = {}
-        for client, config, sets in requests:
-            node = self.nodes.node_of.get(client)
-            if node is None:
-                continue
-            try:
-                sent[self.transport.send(node, MSG_TRAIN, config, {}, sets or None)] = client
-            except SendRefused:
-                continue
-        replies: list[tuple[int, Reply]] = []
-        deadline = time.monotonic() + seconds
-        while sent and time.monotonic() < deadline:
-            for reply in self.transport.receive(list(sent)):
-                replies.append((sent.pop(reply.msg_id), reply))
-            if sum(r.error_code is None for _, r in replies) >= needed:
-                break
-            if sent:
-                self.transport.wait(self.run.poll_interval)
-        return replies
+    def send(
+        self, node: int, config: dict[str, Any], arrays: dict[str, np.ndarray], sets: Sets
+    ) -> str:
+        """Every train message the run sends, a task's or a stage's (SendRefused: the node
+        left)."""
+        return self.transport.send(node, MSG_TRAIN, config, arrays, sets or None)
 
     def dispatch_now(self, assignments: list[Assignment]) -> None:
         """The replacements an outcome names, sent at once to clients that are idle now."""
@@ -566,10 +538,9 @@ class Engine:
         for task in self.book.moved(self.nodes.node_of):
             now_on = self.nodes.node_of[task.client]
             self.retire(task, f"client {task.client} is now served by node {now_on}")
-        topology = self.strategy if isinstance(self.strategy, Topology) else None
-        if topology is not None and self.nodes.edge_of != self.edges_bound:
+        if self.nodes.edge_of != self.edges_bound:
             self.edges_bound = dict(self.nodes.edge_of)
-            topology.bind_edges(dict(self.edges_bound))
+            declare_edges(self.strategy, dict(self.edges_bound))
 
     def wait_for_clients(self) -> None:
         """Block until every client has a node (virtual clock) or the wait runs out."""
@@ -614,7 +585,7 @@ class Engine:
         )
 
     def run_loop(self) -> None:
-        self.stop_reason = self.privacy.started(self.strategy) or self.stop_reason
+        self.stop_reason = self.stages.opening(self.strategy) or self.stop_reason
         if not self.stop_reason:
             self.begin()
         while not self.stop_reason:
@@ -637,11 +608,10 @@ class Engine:
     def begin(self) -> None:
         self.wait_for_clients()
         try:
-            left_out = self.secure.started(self.exchange, self.nodes.clients)
-        except SecureAggregationError as err:
+            left_out = self.stages.joined(self.nodes.clients, self.messages)
+        except StageError as err:
             raise EngineError(str(err)) from None
         for client in left_out:
-            log.warning("client %d sent no key in the key round: no task for it", client)
             self.nodes.exclude(self.nodes.node_of[client])
         self.loop_started = time.monotonic()
         if self.scores.by_message:  # the first train replies score the initial models
@@ -698,8 +668,7 @@ class Engine:
             "rng": self.rng.bit_generator.state,
             "time_to_target": self.time_to_target,
             "target_hit": self.target_hit,
-            "privacy": self.privacy.state(),
-            "secure": self.secure.state(),
+            **self.stages.state(),
         }
 
     def load_state(self, state: dict[str, Any]) -> None:
@@ -711,8 +680,30 @@ class Engine:
         self.rng.bit_generator.state = state["rng"]
         self.scores.time_to_target = state["time_to_target"]
         self.scores.target_hit = state["target_hit"]
-        self.privacy.load_state(state.get("privacy", {}))
-        self.secure.load_state(state.get("secure", {}))
+        self.stages.load_state(state)
+
+
+class EngineMessages:
+    """The stages' way to the clients: a client's node looked up, the message sent as every
+    task is (`Engine.send`); a client without a node, or a node that refused, gets none."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    def send(self, client: int, config: dict[str, Any], sets: Sets) -> str | None:
+        node = self.engine.nodes.node_of.get(client)
+        if node is None:
+            return None
+        try:
+            return self.engine.send(node, config, {}, sets)
+        except SendRefused:
+            return None
+
+    def receive(self, msg_ids: list[str]) -> list[Reply]:
+        return self.engine.transport.receive(msg_ids)
+
+    def pause(self) -> None:
+        self.engine.transport.wait(self.engine.run.poll_interval)
 
 
 def _plain(record: dict[str, Any]) -> dict[str, Any]:

@@ -39,7 +39,7 @@ from fedstale.server_app.flower_strategy import (
     EvaluateFn,
     ShouldStop,
 )
-from fedstale.server_app.privacy.accounting import supported
+from fedstale.server_app.stages.accounting import supported
 
 
 class FixedClipping:

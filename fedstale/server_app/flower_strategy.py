@@ -50,6 +50,7 @@ from fedstale.server_app.nodes import Nodes, NodesInOrder
 from fedstale.server_app.progress import setup_logging
 from fedstale.server_app.results import RunRecorder, claim_run_dir
 from fedstale.server_app.scored import Evaluator
+from fedstale.server_app.stages.central_dp import CentralDP
 from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import ModelServices, Setup, TorchModel
 from fedstale.strategies.registry import STRATEGIES, load_config, rule_named
@@ -475,8 +476,9 @@ class LibraryDoor(Door):
 
     def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
         self.collect(engine)
-        if engine.privacy.epsilon() is not None:
-            self.result.privacy = engine.privacy.spent()
+        privacy = engine.stages.find(CentralDP)
+        if privacy is not None and privacy.epsilon() is not None:
+            self.result.privacy = privacy.spent()
 
 
 # ---------------------------------------------------------------- the rules, by name

@@ -39,12 +39,6 @@ from fedstale.server_app.contract import Contract
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
 from fedstale.server_app.nodes import Nodes
-from fedstale.server_app.privacy.central_dp import (
-    CentralDP,
-    check_budget,
-    check_resume,
-    privacy_words,
-)
 from fedstale.server_app.progress import Progress, ProgressBar, progress_for
 from fedstale.server_app.provenance import provenance
 from fedstale.server_app.results import (
@@ -55,6 +49,8 @@ from fedstale.server_app.results import (
     writable_runs_dir,
 )
 from fedstale.server_app.scored import ClientScorer, Evaluator
+from fedstale.server_app.stages import stages_for
+from fedstale.server_app.stages.central_dp import check_budget, check_resume, privacy_words
 from fedstale.server_app.summary import summarize
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.base import ModelServices, ServerModel, Setup, Strategy, Topology
@@ -252,7 +248,7 @@ def make_engine(
         door.client_scorer(run),
         contract=door.contract,
         nodes=door.nodes(run),
-        privacy=CentralDP.for_run(run, door.accountant(run), recorder.dir, recorder.dir.name),
+        stages=stages_for(run, model.layout, door.accountant(run), recorder.dir, recorder.dir.name),
     )
     return engine
 

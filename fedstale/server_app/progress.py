@@ -10,6 +10,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from fedstale.common.config import metric_name
+from fedstale.server_app.stages.central_dp import CentralDP
 
 if TYPE_CHECKING:
     from fedstale.server_app.engine import Engine
@@ -41,7 +42,8 @@ def latest_score(engine: Engine) -> str:
 
 def spent(engine: Engine) -> str:
     """` eps=1.23` under DP with noise, else ""."""
-    epsilon = engine.privacy.epsilon()
+    privacy = engine.stages.find(CentralDP)
+    epsilon = privacy.epsilon() if privacy is not None else None
     return "" if epsilon is None else f" eps={epsilon:.3g}"
 
 

@@ -19,7 +19,7 @@ import numpy as np
 
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.files import resume_folder
-from fedstale.server_app.privacy.ledger import LEDGER_FILE, mark_moved
+from fedstale.server_app.stages.ledger import LEDGER_FILE, mark_moved
 
 log = logging.getLogger("fedstale")
 DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units

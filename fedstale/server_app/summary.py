@@ -107,6 +107,5 @@ def counts(engine: Engine, wall_seconds: float, loop_seconds: float) -> dict[str
         "client_compute_seconds": counters.client_compute_seconds,
         "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
         **(strategy.summary() if isinstance(strategy, Topology) else {}),
-        **engine.privacy.summary(),
-        **engine.secure.summary(),
+        **engine.stages.summary(),
     }

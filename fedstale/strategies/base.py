@@ -310,6 +310,12 @@ class Topology(ABC):
         """Entries the topology adds to summary.json."""
 
 
+def declare_edges(strategy: Strategy[Any], declared: dict[int, int]) -> None:
+    """Hand the edges nodes declared (client -> `edge-id`) to a rule with a topology."""
+    if isinstance(strategy, Topology):
+        strategy.bind_edges(declared)
+
+
 def model_of(strategy: Strategy[Any], client: int) -> np.ndarray:
     """The model scored on `client`'s split: its own under a per-client rule, else the
     global model."""

@@ -37,7 +37,7 @@ import numpy as np
 from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.files import resume_folder
 from fedstale.common.schema import CLIPPING_NORM, RETURN_MODEL, InvalidReply
-from fedstale.server_app.privacy.accounting import (
+from fedstale.server_app.stages.accounting import (
     Accountant,
     AccountingConfig,
     GaussianRelease,
@@ -45,7 +45,7 @@ from fedstale.server_app.privacy.accounting import (
     RdpAccountant,
     prior_events,
 )
-from fedstale.server_app.privacy.ledger import (
+from fedstale.server_app.stages.ledger import (
     EVENT_FIELDS,
     LEDGER_FILE,
     PRIOR,
@@ -53,8 +53,8 @@ from fedstale.server_app.privacy.ledger import (
     Ledger,
     entry,
 )
-from fedstale.server_app.privacy.noise import noise_source, replayable_stream
-from fedstale.server_app.privacy.stage import Verdict
+from fedstale.server_app.stages.noise import noise_source, replayable_stream
+from fedstale.server_app.stages.pipeline import Messages, Stage, Verdict
 from fedstale.strategies.base import Outcome, Strategy, Update
 from fedstale.strategies.privacy import LINEAR, Release, clip_to, noised, release_sensitivity
 from fedstale.strategies.registry import rule_named
@@ -79,7 +79,7 @@ UNIT = "one client: every update of one data partition"
 
 def accountant_for(run: RunConfig) -> Accountant:
     """The RDP accountant for this run (Flower's numbers), or with `dp-accountant=pld` the
-    PLD accountant of the same events (fedstale/server_app/privacy/accounting.py)."""
+    PLD accountant of the same events (fedstale/server_app/stages/accounting.py)."""
     kind = PldAccountant if run.dp_accountant == "pld" else RdpAccountant
     config = AccountingConfig(
         target_delta=run.dp_target_delta,
@@ -157,9 +157,11 @@ def dominance_notes(run: RunConfig) -> list[str]:
     return notes
 
 
-class CentralDP:
+class CentralDP(Stage):
     """Clipping, noise, the ledger and the budget for one run (`for_run`: None when DP is
-    off; the engine then runs stage.NoPrivacy)."""
+    off, and the run has no privacy stage)."""
+
+    key = "privacy"
 
     def __init__(
         self,
@@ -170,7 +172,7 @@ class CentralDP:
         name: str = "",
     ) -> None:
         self.run = run
-        self.release = release
+        self.declared = release  # how the rule releases (strategies/privacy.py)
         self.noised = run.dp_noise_multiplier > 0
         self.accountant = accountant or (accountant_for(run) if self.noised else None)
         self.budget = run.dp_max_epsilon or None
@@ -188,6 +190,7 @@ class CentralDP:
         self.last_released: np.ndarray | None = None  # kept under a budget, to withhold
         self.replayable = run.dp_noise_seed >= 0
         self.fresh_noise = noise_source(run.dp_secure_noise)
+        self.starts: dict[int, np.ndarray] = {}  # task -> model it began at (rules taking models)
 
     @classmethod
     def for_run(
@@ -217,9 +220,16 @@ class CentralDP:
         """What every task carries: the clipping norm, where the client clips."""
         return {CLIPPING_NORM: self.norm} if self.run.dp_clipping == "client" else {}
 
-    def start_of(self, returns: str, model: np.ndarray) -> np.ndarray | None:
+    def sent(self, task_id: int, start: np.ndarray, returns: str, carries: str) -> None:
         """A rule that takes models back clips their delta from the model the task began at."""
-        return np.array(model, dtype=np.float32, copy=True) if returns == RETURN_MODEL else None
+        if returns == RETURN_MODEL:
+            self.starts[task_id] = np.array(start, dtype=np.float32, copy=True)
+
+    def forget(self, task_id: int) -> None:
+        self.starts.pop(task_id, None)
+
+    def update(self, task_id: int, update: Update) -> Update:
+        return self.clip(update, self.starts.get(task_id))
 
     def clip(self, update: Update, start: np.ndarray | None) -> Update:
         """`update` with its delta (its model minus `start`, for a rule that takes models)
@@ -260,17 +270,17 @@ class CentralDP:
         )
         return True
 
-    def public_record(self, record: dict[str, Any]) -> dict[str, Any]:
+    def record(self, row: dict[str, Any]) -> dict[str, Any]:
         """An updates.jsonl row as the guarantee covers it: everything where client values
         are kept; else the dispatch schedule only, and the weight where it does not depend
         on the clients' data (a linear release)."""
         if self.keeps_client_values:
-            return record
-        kept = (*SCHEDULE_FIELDS, "weight") if self.release.kind == LINEAR else SCHEDULE_FIELDS
-        return {key: value for key, value in record.items() if key in kept}
+            return row
+        kept = (*SCHEDULE_FIELDS, "weight") if self.declared.kind == LINEAR else SCHEDULE_FIELDS
+        return {key: value for key, value in row.items() if key in kept}
 
     # ---------------------------------------------------------------- releases
-    def started(self, strategy: Strategy[Any]) -> str:
+    def opening(self, strategy: Strategy[Any]) -> str:
         """The ledger opened (the lineage's priors on it), the released model kept; why no
         release can be made at all ("" when one can)."""
         with self.book().held() as lines:
@@ -279,6 +289,11 @@ class CentralDP:
             self.last_released = strategy.model.copy()
         return self.spent_reason()
 
+    def release(
+        self, strategy: Strategy[Any], outcome: Outcome, version: int, messages: Messages
+    ) -> Verdict:
+        return self.release_of(strategy, outcome, version)
+
     def release_of(self, strategy: Strategy[Any], outcome: Outcome, version: int) -> Verdict:
         """Noise the new global model `version`, write it to the ledger (flushed) and account
         it, or withhold it when the budget allows no further release."""
@@ -286,7 +301,7 @@ class CentralDP:
         if not weights:
             raise RuntimeError(f"{strategy.name} released a model without its updates' weights")
         clients = [int(record["client"]) for record in outcome.records]
-        sensitivity = release_sensitivity(self.release.kind, weights, self.norm, clients)
+        sensitivity = release_sensitivity(self.declared.kind, weights, self.norm, clients)
         event = event_for(self.run, len(weights))
         with self.book().held() as lines:
             self.take_in(lines)
@@ -393,7 +408,7 @@ class CentralDP:
                 else None,
                 "client_values": "kept" if values_kept else "omitted",
                 "max_epsilon": run.dp_max_epsilon or None,
-                "sensitivity": f"{self.release.kind}, per client",
+                "sensitivity": f"{self.declared.kind}, per client",
                 "noise": REPLAYABLE if self.replayable else UNPREDICTABLE,
                 "generator": CHACHA20 if self.run.dp_secure_noise else PCG64,
                 "relation": f"{RELATION}, {SCHEDULE}",

@@ -10,8 +10,9 @@ public part; when it releases, `unmask` asks U holders for their shares of the b
 weighted mask, recovers sum_i W_i x_i and adds it, before the privacy stage adds noise.
 Below U answers the buffer is dropped with one line: the rule's model stays, no version.
 
-The engine owns the messages: `unmask` and `started` get its `exchange` (send these
-messages to these nodes, return the replies that came within the timeout).
+The engine owns the messages: the key round and the unmasking send theirs through the
+engine's `Messages` (pipeline.gather: these messages to these clients, the replies that came
+within the timeout).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +41,15 @@ from fedstale.common.secagg.field import (
 )
 from fedstale.common.secagg.protocol import HolderPolicy
 from fedstale.common.secagg.sealing import NONCE_BYTES
+from fedstale.server_app.stages.pipeline import (
+    Messages,
+    Request,
+    Sets,
+    Stage,
+    StageError,
+    Verdict,
+    gather,
+)
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Outcome, Strategy
 
@@ -48,75 +59,7 @@ WIRE_BYTES = 4  # a field element on the wire
 KEY_BYTES = 32
 DROPS_IN_A_ROW = 5  # buffers dropped one after another before the run stops
 
-Request = tuple[int, dict[str, Any], dict[str, dict[str, np.ndarray]]]  # node, config, sets
 Exchange = Callable[[list[Request], int, float], list[tuple[int, Reply]]]
-
-
-class SecureStage(Protocol):
-    def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
-        """Before the first task: the holders' keys; the clients that cannot take part."""
-
-    def task_parts(
-        self, task_id: int, client: int, carries: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        """A train task's config entries and array sets (its reply carries `carries`)."""
-
-    def sent(self, task_id: int, start: np.ndarray, returns: str) -> None:
-        """Task `task_id` starts from the flat model `start`; its reply carries `returns`
-        (a delta or a model) on the wire."""
-
-    def take(self, task_id: int, client: int, reply: Reply) -> Reply:
-        """The reply as the rule may see it (InvalidReply when it is malformed)."""
-
-    def unmask(self, strategy: Strategy[Any], outcome: Outcome, exchange: Exchange) -> bool:
-        """Add the released buffer's weighted sum to the rule's model; False: dropped."""
-
-    def forget(self, task_id: int) -> None: ...
-
-    def stop(self) -> str:
-        """Why the run cannot go on ("" while it can)."""
-
-    def summary(self) -> dict[str, Any]: ...
-
-    def state(self) -> dict[str, Any]: ...
-
-    def load_state(self, state: dict[str, Any]) -> None: ...
-
-
-class NoSecureAggregation:
-    """Updates in the clear, as Flower sends them."""
-
-    def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
-        return []
-
-    def task_parts(
-        self, task_id: int, client: int, carries: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
-        return {}, {}
-
-    def sent(self, task_id: int, start: np.ndarray, returns: str) -> None:
-        return None
-
-    def take(self, task_id: int, client: int, reply: Reply) -> Reply:
-        return reply
-
-    def unmask(self, strategy: Strategy[Any], outcome: Outcome, exchange: Exchange) -> bool:
-        return True
-
-    def forget(self, task_id: int) -> None:
-        return None
-
-    def stop(self) -> str:
-        return ""
-
-    def summary(self) -> dict[str, Any]:
-        return {}
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def load_state(self, state: dict[str, Any]) -> None:
-        """Nothing to restore."""
 
 
 @dataclass
@@ -160,7 +103,11 @@ class Counts:
     errors: list[float] = field(default_factory=list)
 
 
-class SecureAggregation:
+class SecureAggregation(Stage):
+    """The secure aggregation stage of a run (`secure-aggregation=true`)."""
+
+    key = "secure"
+
     def __init__(self, run: RunConfig, layout: ParamLayout) -> None:
         self.run = run
         self.layout = layout
@@ -182,6 +129,13 @@ class SecureAggregation:
         self.policy = HolderPolicy.of_run(run)
 
     # ---------------------------------------------------------------- keys
+    def joined(self, clients: list[int], messages: Messages) -> list[int]:
+        """The key round; the clients that sent no key get no task."""
+        left_out = self.started(partial(gather, messages), clients)
+        for client in left_out:
+            log.warning("client %d sent no key in the key round: no task for it", client)
+        return left_out
+
     def started(self, exchange: Exchange, clients: list[int]) -> list[int]:
         before = (self.holders, self.keys)
         self.ask_keys(exchange, clients)
@@ -276,9 +230,7 @@ class SecureAggregation:
         return holders, privacy, max(recovery, privacy + 1)
 
     # ---------------------------------------------------------------- tasks
-    def task_parts(
-        self, task_id: int, client: int, carries: str
-    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    def task_parts(self, task_id: int, client: int, carries: str) -> tuple[dict[str, Any], Sets]:
         code = self.ready()
         if client not in self.holders:
             raise SecureAggregationError(
@@ -299,11 +251,11 @@ class SecureAggregation:
         }
         return config, {}
 
-    def sent(self, task_id: int, start: np.ndarray, returns: str) -> None:
-        if returns == RETURN_MODEL:
+    def sent(self, task_id: int, start: np.ndarray, returns: str, carries: str) -> None:
+        if carries == RETURN_MODEL:
             self.starts[task_id] = np.array(start, dtype=np.float32, copy=True)
 
-    def take(self, task_id: int, client: int, reply: Reply) -> Reply:
+    def reply(self, task_id: int, client: int, reply: Reply) -> Reply:
         """Keep the masked update; the reply the rule sees carries its placeholder."""
         code = self.ready()
         if client in self.suspects:
@@ -353,6 +305,12 @@ class SecureAggregation:
         self.starts.pop(task_id, None)
 
     # ---------------------------------------------------------------- releases
+    def release(
+        self, strategy: Strategy[Any], outcome: Outcome, version: int, messages: Messages
+    ) -> Verdict:
+        released = self.unmask(strategy, outcome, partial(gather, messages))
+        return Verdict(released=released, stop=self.stop())
+
     def unmask(self, strategy: Strategy[Any], outcome: Outcome, exchange: Exchange) -> bool:
         """Recover the released buffer's weighted sum and add it to the rule's model; False:
         the buffer dropped (one line), the model as it was.
@@ -725,12 +683,8 @@ class SecureAggregation:
         }
 
 
-class SecureAggregationError(RuntimeError):
+class SecureAggregationError(StageError):
     """Secure aggregation cannot start (too few holders)."""
-
-
-def secure_stage(run: RunConfig, layout: ParamLayout) -> SecureStage:
-    return SecureAggregation(run, layout) if run.secure_aggregation else NoSecureAggregation()
 
 
 def _is_key(key: Any) -> bool:
