@@ -19,7 +19,17 @@ import pytest
 
 from fedstale.strategies.base import Strategy
 from fedstale.strategies.registry import STRATEGIES as RULES
-from tests.goldens import GOLDEN, STRATEGIES, compare_rows, differences, produce, rows
+from fedstale.strategies.registry import declarations, is_built_in
+from tests.goldens import FILES, GOLDEN, STRATEGIES, compare_rows, differences, produce, rows
+
+
+def test_every_built_in_rule_has_a_golden_run() -> None:
+    """A rule added to the registry without golden files fails here, not silently."""
+    built_in = {name for name, rule in declarations().items() if is_built_in(rule)}
+    assert built_in <= set(STRATEGIES), sorted(built_in - set(STRATEGIES))
+    for name in STRATEGIES:
+        for file in FILES:
+            assert (GOLDEN / name / file).is_file(), (name, file)
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

@@ -22,6 +22,7 @@ from fedstale.strategies.privacy import (
     noised,
     release_sensitivity,
 )
+from fedstale.strategies.registry import declarations, is_built_in
 from tests.helpers import V0, run_config
 
 
@@ -127,7 +128,9 @@ def release(name: str, updates: list[Update]) -> tuple[np.ndarray, list[float]]:
     return strategy.model.astype(np.float64), [r["weight"] for r in outcome.records]
 
 
-TAKES_DP = ["fedbuff", "fedasync", "fedavg", "safl-fedsgd", "safl-fedavg", "fedpsa"]
+# Every built-in rule that declares how it releases (the registry's, so a new one is
+# checked too); tests/test_central_dp.py checks those that cannot take DP are refused.
+TAKES_DP = sorted(n for n, r in declarations().items() if is_built_in(r) and r.dp is not None)
 
 
 @pytest.mark.parametrize("name", TAKES_DP)
