@@ -21,8 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedstale.launcher.deploy import CONNECTION
-from tests import timing
-from tests.wheel_env import FAST_DEPS, RESOLVING_PIP, resolved, run
+from tests.wheel_env import resolved, run
 
 INSTALL_SECONDS = 1200  # bench.environments' multi-GB installs, outside any test's bound
 TINY = (
@@ -116,8 +115,7 @@ def resolution(environment: Environment, wheel: Path, folder: Path) -> dict[str,
     assert python is not None, f"no Python {environment.python} here"
     run([python, "-m", "venv", folder], 120)
     pip, report, pins = folder / "bin" / "pip", folder / "report.json", list(environment.pins)
-    run([pip, "install", "-q", "--upgrade", RESOLVING_PIP], timing.left(), extra_env=pip_env())
-    return resolved(pip, report, wheel, pins, extra_env=pip_env(), options=FAST_DEPS)
+    return resolved(pip, report, wheel, pins, extra_env=pip_env())
 
 
 def narrowed(wheel: Path, requirement: str, folder: Path) -> Path:

@@ -101,9 +101,7 @@ def install(venv: Path, wheel: Path, pins: list[str]) -> Path:
     if not (runners_torch_is_cpu_build() and link(requirement_closure("torch"), venv)):
         run([pip, "install", "-q", TORCH], timing.left())
     else:
-        run([pip, "install", "-q", "--upgrade", RESOLVING_PIP], timing.left())
-        found = resolved(pip, venv / "resolved.json", wheel, pins, options=FAST_DEPS)
-        link(same_as_here(found), venv)
+        link(same_as_here(resolved(pip, venv / "resolved.json", wheel, pins)), venv)
     run([pip, "install", "-q", wheel, *pins], timing.left())
     return venv / "bin"
 
@@ -121,17 +119,13 @@ def runners_torch_is_cpu_build() -> bool:
 
 
 def resolved(
-    pip: Path,
-    report: Path,
-    wheel: Path,
-    pins: list[str],
-    timeout: float | None = None,
-    extra_env: dict[str, str] | None = None,
-    options: tuple[str, ...] = (),
+    pip: Path, report: Path, wheel: Path, pins: list[str], extra_env: dict[str, str] | None = None
 ) -> dict[str, str]:
-    """{name: version} of what `pip install wheel pins` would add to that virtualenv."""
-    command = [pip, "install", "-q", "--dry-run", *options, "--report", report, wheel, *pins]
-    run(command, timing.left() if timeout is None else timeout, extra_env=extra_env)
+    """{name: version} of what `pip install wheel pins` would add to that virtualenv (whose
+    pip is upgraded first to one that reads wheels lazily)."""
+    run([pip, "install", "-q", "--upgrade", RESOLVING_PIP], timing.left(), extra_env=extra_env)
+    command = [pip, "install", "-q", "--dry-run", *FAST_DEPS, "--report", report, wheel, *pins]
+    run(command, timing.left(), extra_env=extra_env)
     items = json.loads(report.read_text())["install"]
     return {canonicalize_name(i["metadata"]["name"]): i["metadata"]["version"] for i in items}
 

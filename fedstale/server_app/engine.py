@@ -110,7 +110,7 @@ class Engine:
         self.stop_check: Callable[[int], str] | None = None
         self.stop_asked_at = 0
         self.stall_since: float | None = None
-        self.edges_bound: dict[int, int] = {}  # the nodes' declared edges a Topology has
+        self.edges_bound: dict[int, int] = {}  # the nodes' edges last handed to the rule
         self.stages = Pipeline(stages)
         self.messages = EngineMessages(self)
         self.first_update_time: float | None = None  # Unix time of the first accepted update

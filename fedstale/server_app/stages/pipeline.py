@@ -176,6 +176,7 @@ class Pipeline:
         return update
 
     def excludes(self, node: int, client: int, err: InvalidReply) -> bool:
+        # a list, not a generator: every stage counts the rejection, even after one excludes
         return any([stage.excludes(node, client, err) for stage in self.stages])
 
     def release(
