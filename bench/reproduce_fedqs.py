@@ -21,8 +21,8 @@ Oscillation: std of the evaluations over the last 20% of the run.
 
 The regimes suite (3 seeds of FedQS-SGD and SAFL FedSGD per cell) runs alpha 0.1 and the
 robustness settings with K = 10% of N in our regime (each FIFO entry aggregates the update
-its client uploaded, `fifo-update=uploaded`, with every client in flight) and in the
-authors' simulator's, two ways: `fifo-update=newest` (each entry aggregates its client's
+its client uploaded, `fedqs-fifo-update=uploaded`, with every client in flight) and in the
+authors' simulator's, two ways: `fedqs-fifo-update=newest` (each entry aggregates its client's
 newest update by then, as their queue holds a file the client overwrites when it retrains;
 in our engine a batch is aggregated the moment its K-th update arrives, so an entry's client
 has a newer update only when it is twice in that batch) and "concurrency K" (K clients in
@@ -104,8 +104,8 @@ PAPER_ROBUSTNESS = {  # final accuracy %; the paper has no SAFL FedSGD here
 }
 ROBUSTNESS_METHODS = ("fedavg", "fedqs-sgd", "safl-fedsgd")  # the paper's two, and our baseline
 REGIMES: dict[str, dict[str, Any]] = {
-    "ours": {"fifo-update": "uploaded"},
-    "authors'": {"fifo-update": "newest"},
+    "ours": {"fedqs-fifo-update": "uploaded"},
+    "authors'": {"fedqs-fifo-update": "newest"},
     # The authors' effective staleness (~1.2 versions) by concurrency instead: K in flight.
     "concurrency K": {"concurrency": None},  # None: the setting's buffer-size
 }

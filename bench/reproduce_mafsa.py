@@ -54,9 +54,9 @@ DATA = {
 }
 P_TABLE2 = 0.03
 METHODS = {  # Table 2's rows
-    "hierfedavg": {"strategy": "hierfedavg", "dropout-rate": 0.0},
-    "hierfedavg-p": {"strategy": "hierfedavg", "dropout-rate": P_TABLE2},
-    "mafsa-p": {"strategy": "mafsa", "dropout-rate": P_TABLE2},
+    "hierfedavg": {"strategy": "hierfedavg", "mafsa-dropout-rate": 0.0},
+    "hierfedavg-p": {"strategy": "hierfedavg", "mafsa-dropout-rate": P_TABLE2},
+    "mafsa-p": {"strategy": "mafsa", "mafsa-dropout-rate": P_TABLE2},
 }
 SEEDED = ("hierfedavg-p", "mafsa-p")  # --seeds of these; --seeds-all of the ideal baseline
 RATES = (0.0, 0.03, 0.1, 0.2, 0.3)
@@ -130,9 +130,9 @@ def sweep_jobs(suite: str, data: list[str], seeds: int) -> list[Job]:
             for value in values:
                 for strategy in ("hierfedavg", "mafsa"):
                     if suite == "offline":
-                        knobs = {"dropout-rate": value}
+                        knobs = {"mafsa-dropout-rate": value}
                     else:
-                        knobs = {"dropout-rate": P_EDGE_ROUNDS, "mafsa-edge-rounds": value}
+                        knobs = {"mafsa-dropout-rate": P_EDGE_ROUNDS, "mafsa-edge-rounds": value}
                     labels = {"suite": suite, "data": name, "value": value, "method": strategy}
                     settings = {**DATA[name], **knobs, **setting(SLOWDOWN), "seed": seed}
                     settings["strategy"] = strategy

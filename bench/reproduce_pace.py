@@ -23,7 +23,7 @@ evaluations. Baselines as the paper sets them: FedAsync hinge a 1 b 4; FedBuff K
 paper's eta_g 10 in AFL-Lib's FedBuff, which divides the buffer mean by K again, is our
 eta_g 1); FedAvg samples 10% a round. Two baselines the paper lacks: local-only (every
 client trains only its own model: what PACE gains by collaborating at all) and
-pFedGraph-Async as the authors' pFedGraph stores its models (pfedgraph-style = authors:
+pFedGraph-Async as the authors' pFedGraph stores its models (pace-pfedgraph-style = authors:
 each client's aggregate kept and compared, where ours keeps raw models and mixes at
 dispatch).
 
@@ -73,7 +73,7 @@ METHODS = {
     "fedbuff": {"strategy": "fedbuff", "buffer-size": 10},
     "fedavg": {"strategy": "fedavg"},
     "local-only": {"strategy": "local-only"},
-    "pfedgraph-async-authors": {"strategy": "pfedgraph-async", "pfedgraph-style": "authors"},
+    "pfedgraph-async-authors": {"strategy": "pfedgraph-async", "pace-pfedgraph-style": "authors"},
 }
 MAIN = ("pace", "pfedgraph-async", "fedasync", "fedbuff", "fedavg")
 ADDED = ("pfedgraph-async-authors", "local-only")  # rows only once run; not in the paper

@@ -32,18 +32,7 @@ if TYPE_CHECKING:  # what a type checker and an IDE see; at run time, __getattr_
         DifferentialPrivacyServerSideFixedClipping as DifferentialPrivacyServerSideFixedClipping,
     )
     from fedstale.server_app.flower_strategy import AsyncStrategy as AsyncStrategy
-    from fedstale.server_app.library import CA2FL as CA2FL
-    from fedstale.server_app.library import MAFSA as MAFSA
-    from fedstale.server_app.library import FedAsync as FedAsync
-    from fedstale.server_app.library import FedAvg as FedAvg
-    from fedstale.server_app.library import FedBuff as FedBuff
-    from fedstale.server_app.library import FedFa as FedFa
-    from fedstale.server_app.library import FedPSA as FedPSA
-    from fedstale.server_app.library import FedQSAvg as FedQSAvg
-    from fedstale.server_app.library import FedQSSGD as FedQSSGD
-    from fedstale.server_app.library import HierFedAvg as HierFedAvg
-    from fedstale.server_app.library import SaflFedAvg as SaflFedAvg
-    from fedstale.server_app.library import SaflFedSGD as SaflFedSGD
+    from fedstale.server_app.library import *  # noqa: F403  (one class per rule)
 
 LIBRARY = "fedstale.server_app.library_classes"
 BASE = "fedstale.server_app.flower_strategy"

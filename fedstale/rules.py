@@ -6,7 +6,7 @@ rule as a package"). A rule in your own package needs nothing else of fedstale:
     from fedstale.rules import update_record
 
     class MedianParams(KebabModel):          # the rule's own run-config keys
-        median_scale: float = Field(1.0, gt=0)
+        median_scale: float = Field(default=1.0, gt=0)
 
     class MedianBuffer(Strategy):
         name = "median-buffer"

@@ -34,7 +34,7 @@ STRATEGIES += ["local-only"]
 # a tenth of a virtual day (about 340 updates).
 CONFIG = {"max-virtual-time": 8640.0, "seed": 3, "partition": "dirichlet"}
 # The hierarchical rules: every client at once, 20 steps of 20, 10% dropouts, 3,000 units.
-HIERARCHY = {"concurrency": 50, "local-steps": 20, "batch-size": 20, "dropout-rate": 0.1}
+HIERARCHY = {"concurrency": 50, "local-steps": 20, "batch-size": 20, "mafsa-dropout-rate": 0.1}
 OVERRIDES = {name: {**HIERARCHY, "max-virtual-time": 3000.0} for name in ("mafsa", "hierfedavg")}
 # Latency proportional to local work, on clients of unequal sizes (per-class Dirichlet).
 OVERRIDES["fedbuff-proportional"] = {

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -12,8 +12,17 @@ from typing import Any
 import numpy as np
 
 from fedstale.common.config import RunConfig
+from fedstale.common.latency import profile_for
+from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
-from fedstale.server_app.transport import Reply
+from fedstale.server_app.contract import Contract, FedstaleContract
+from fedstale.server_app.engine import Engine, Listeners
+from fedstale.server_app.evaluation import Scoreboard
+from fedstale.server_app.federation import Federation
+from fedstale.server_app.nodes import NodeBook, Nodes
+from fedstale.server_app.scored import ClientScorer, Evaluator
+from fedstale.server_app.stages.pipeline import Stage
+from fedstale.server_app.transport import Reply, Transport
 from fedstale.strategies.base import Strategy, Update, View
 from fedstale.strategies.registry import STRATEGIES
 
@@ -199,3 +208,30 @@ def rule_package(folder: Path, entry: str, name: str = "rule-package") -> Iterat
         sys.path.remove(str(folder))
         declarations.cache_clear()
         library_classes.cache_clear()
+
+
+def scripted_engine(
+    run: RunConfig,
+    strategy: Strategy,
+    transport: Transport,
+    layout: ParamLayout,
+    evaluator: Evaluator = lambda flat: (0.0, 0.0),
+    *,
+    contract: Contract | None = None,
+    nodes: Nodes | None = None,
+    client_scorer: ClientScorer | None = None,
+    stages: Sequence[Stage] = (),
+    engine_cls: type[Engine] = Engine,
+) -> Engine:
+    """An engine as the lifecycle assembles one (fedstale's contract, a node per partition,
+    the run's latency profile), over the transport a test scripts; it records into a
+    ListRecorder."""
+    federation = Federation(
+        transport,
+        nodes or NodeBook(run.num_clients),
+        layout,
+        profile_for(run),
+        contract or FedstaleContract(),
+    )
+    scores = Scoreboard(run, strategy, transport, layout, evaluator, client_scorer)
+    return engine_cls(run, strategy, federation, scores, Listeners(ListRecorder()), stages)

@@ -119,8 +119,9 @@ def test_the_engine_names_no_stage_and_the_stages_import_nothing_above_them() ->
     """The engine calls one pipeline of stages whether a feature is on or off: it names no
     feature (no attribute, branch or import of one); the stages' room imports, of the server
     app, only itself and the transport's reply type (no arrow back up)."""
-    engine = (ROOT / "fedstale" / "server_app" / "engine.py").read_text()
-    assert feature_names(engine) == set()
+    for part in ("engine", "dispatch", "intake", "tasks", "federation"):
+        source = (ROOT / "fedstale" / "server_app" / f"{part}.py").read_text()
+        assert feature_names(source) == set(), part
     room = ROOT / "fedstale" / "server_app" / "stages"
     assert {p.stem for p in room.glob("*.py")} >= {"pipeline", "central_dp", "secure"}
     for path in room.glob("*.py"):
@@ -128,6 +129,19 @@ def test_the_engine_names_no_stage_and_the_stages_import_nothing_above_them() ->
             if module.startswith("fedstale.server_app"):
                 allowed = ("fedstale.server_app.stages", "fedstale.server_app.transport")
                 assert module.startswith(allowed), (path.name, module)
+
+
+def test_the_engine_is_a_short_loop_with_few_arguments() -> None:
+    """docs/architecture.md: the engine keeps time, tasks and the Grid; sending tasks and
+    taking replies in are its parts' (dispatch.py, intake.py). At most 25 methods (properties
+    included) and 6 constructor arguments."""
+    tree = ast.parse((ROOT / "fedstale" / "server_app" / "engine.py").read_text())
+    (engine,) = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Engine"]
+    methods = [n for n in engine.body if isinstance(n, ast.FunctionDef)]
+    (init,) = [m for m in methods if m.name == "__init__"]
+    arguments = [a.arg for a in init.args.args + init.args.kwonlyargs if a.arg != "self"]
+    assert len(methods) <= 25, [m.name for m in methods]
+    assert len(arguments) <= 6, arguments
 
 
 def test_the_feature_finder_finds_a_feature() -> None:

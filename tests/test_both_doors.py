@@ -54,12 +54,14 @@ def library_train(
 class ScriptedLibraryDoor(LibraryDoor):
     """The library's door with a scripted transport in place of a Grid."""
 
-    def __init__(self, strategy: AsyncStrategy, scripted: ScriptedTransport) -> None:
+    def __init__(
+        self, run: RunConfig, strategy: AsyncStrategy, scripted: ScriptedTransport
+    ) -> None:
         arrays = {"w": np.zeros((3, 2), np.float32), "b": np.zeros(2, np.float32)}
-        super().__init__(strategy, None, arrays, {}, None)  # type: ignore[arg-type]
+        super().__init__(run, strategy, None, arrays, {}, None)  # type: ignore[arg-type]
         self.scripted = scripted
 
-    def transport(self, run: RunConfig) -> Transport:
+    def transport(self) -> Transport:
         return self.scripted  # type: ignore[return-value]
 
 
@@ -68,8 +70,8 @@ def library_run(rule: str, runs_dir: Path, **settings: Any) -> dict[str, Any]:
         num_clients=4, runs_dir=str(runs_dir), run_name="lib", **settings
     )
     run, params = strategy.run_config(4, 2, 3600.0, {})
-    door = ScriptedLibraryDoor(strategy, ScriptedTransport(4, library_train))
-    return lifecycle.run_through(door, run, params)
+    door = ScriptedLibraryDoor(run, strategy, ScriptedTransport(4, library_train))
+    return lifecycle.run_through(door, params)
 
 
 def app_run(rule: str, runs_dir: Path, **settings: Any) -> dict[str, Any]:

@@ -22,7 +22,6 @@ from flwr.supercore.privacy_accounting import (
 from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedstale.common.config import ConfigError
-from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import CLIPPING_NORM, TaskKeys
 from fedstale.server_app.engine import Engine
@@ -40,7 +39,7 @@ from fedstale.strategies.fedavg import FedAvg
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.registry import load_config
 from tests import timing
-from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+from tests.helpers import ScriptedTransport, delta_reply, run_config, scripted_engine
 
 LAYOUT = ParamLayout(names=("w",), shapes=((3,),))
 STEP = 1.0  # every client's delta: (1, 1, 1), norm sqrt(3)
@@ -66,16 +65,7 @@ def dp_engine(
     run = run_config(**settings)
     strategy = strategy_cls(run, params, np.zeros(3, dtype=np.float32))
     transport = ScriptedTransport(nodes, train_fn or delta_reply, seed=1)
-    return Engine(
-        run,
-        strategy,
-        transport,
-        LAYOUT,
-        profile_for(run),
-        lambda flat: (0.0, 0.0),
-        ListRecorder(),
-        stages=stages_for(run, LAYOUT),
-    )
+    return scripted_engine(run, strategy, transport, LAYOUT, stages=stages_for(run, LAYOUT))
 
 
 def dp(engine: Engine) -> CentralDP:
@@ -91,7 +81,7 @@ def ran(engine: Engine) -> Engine:
 
 
 def per_version_weights(engine: Engine) -> dict[int, list[float]]:
-    rows = engine.recorder.updates  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.updates  # type: ignore[attr-defined]
     out: dict[int, list[float]] = {}
     for row in rows:
         out.setdefault(row["version"], []).append(row["weight"])
@@ -101,7 +91,7 @@ def per_version_weights(engine: Engine) -> dict[int, list[float]]:
 def per_version_client_sums(engine: Engine) -> dict[int, float]:
     """Each release's largest sum, over its clients, of one client's weights."""
     sums: dict[int, dict[int, float]] = {}
-    for row in engine.recorder.updates:  # type: ignore[attr-defined]
+    for row in engine.listeners.recorder.updates:  # type: ignore[attr-defined]
         of_version = sums.setdefault(row["version"], {})
         of_version[row["client"]] = of_version.get(row["client"], 0.0) + abs(row["weight"])
     return {version: max(clients.values()) for version, clients in sums.items()}
@@ -252,7 +242,7 @@ def test_client_clipping_sends_the_norm_and_rejects_an_update_that_exceeds_it(
     assert engine.counters.rejected == 6 * 3
     assert caplog.text.count("excluded from the run: 3 of its updates exceeded") == 6
     assert engine.stop_reason.startswith("every node was excluded for updates above")
-    sent = engine.transport.sent  # type: ignore[attr-defined]
+    sent = engine.federation.transport.sent  # type: ignore[attr-defined]
     tasks = [config for _, _, config in sent if TaskKeys.TASK_ID in config]
     assert tasks and all(config[CLIPPING_NORM] == 0.5 for config in tasks)
     clipped = ran(dp_engine(FedBuff, FedBuffParams(), clipping, **client))
@@ -268,9 +258,9 @@ def test_one_node_that_does_not_clip_is_excluded_and_the_others_go_on(
     client = {"dp-clipping": "client", "max-versions": 20, "dp-max-rejections": 2}
     engine = ran(dp_engine(FedBuff, FedBuffParams(), node_2_does_not_clip, **client))
     assert engine.version == 20 and engine.counters.rejected == 2
-    assert 2 not in engine.nodes.clients and len(engine.nodes.clients) == 5
+    assert 2 not in engine.federation.nodes.clients and len(engine.federation.nodes.clients) == 5
     assert "(client 2) excluded from the run: 2 of its updates" in caplog.text
-    clients = {row["client"] for row in engine.recorder.updates}  # type: ignore[attr-defined]
+    clients = {row["client"] for row in engine.listeners.recorder.updates}  # type: ignore[attr-defined]
     assert 2 not in clients and len(clients) == 5
 
 
@@ -395,8 +385,8 @@ def test_the_privacy_state_survives_a_checkpoint() -> None:
             "strategy pace cannot take differential privacy: it keeps one model per client",
         ),
         (
-            {"strategy": "safl-fedsgd", "dp-clipping-norm": 1.0, "fifo-update": "newest"},
-            "differential privacy needs fifo-update=uploaded",
+            {"strategy": "safl-fedsgd", "dp-clipping-norm": 1.0, "fedqs-fifo-update": "newest"},
+            "differential privacy needs fedqs-fifo-update=uploaded",
         ),
         ({"dp-noise-multiplier": 1.0}, "dp-noise-multiplier needs a clipping norm"),
         ({"dp-max-epsilon": 3.0}, "dp-max-epsilon needs noise"),
@@ -486,11 +476,13 @@ def test_the_library_wrappers_take_flowers_arguments_and_refuse_in_one_line() ->
 
     import fedstale
 
+    users = fedstale.FedBuff(buffer_size=5, num_clients=6)
     wrapped = fedstale.DifferentialPrivacyServerSideFixedClipping(
-        fedstale.FedBuff(buffer_size=5, num_clients=6), 1.2, 0.5, 5, accountant=accountant()
+        users, 1.2, 0.5, 5, accountant=accountant()
     )
     assert wrapped.strategy.settings["dp-noise-multiplier"] == 1.2
-    assert wrapped.strategy.settings["dp-clipping"] == "server"
+    assert wrapped.strategy.dp_clipping == "server"  # the default: not among the settings
+    assert users.settings == {} and users.dp_noise_multiplier == 0.0  # the user's object kept
     client = fedstale.DifferentialPrivacyClientSideFixedClipping(fedstale.FedAsync(), 1.0, 0.5, 1)
     assert client.strategy.settings["dp-clipping"] == "client"
     refused = [

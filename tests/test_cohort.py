@@ -148,7 +148,7 @@ RULE_RUNS = {
     "pfedgraph-async": {},
     "fedqs-sgd": {"momentum": 0.5},
     "fedqs-avg": {"momentum": 0.5},
-    "mafsa": {"mafsa-edges": 2, "local-steps": 4, "concurrency": 8, "dropout-rate": 0.4},
+    "mafsa": {"mafsa-edges": 2, "local-steps": 4, "concurrency": 8, "mafsa-dropout-rate": 0.4},
     "fedbuff": {"momentum": 0.9, "weight-decay": 1e-3, "grad-clip": 5.0, "buffer-size": 2},
 }
 

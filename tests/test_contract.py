@@ -12,7 +12,6 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from fedstale.common.latency import profile_for
 from fedstale.common.schema import (
     MSG_EVALUATE,
     MSG_QUERY,
@@ -37,10 +36,10 @@ from fedstale.strategies.base import (
     update_record,
 )
 from tests.helpers import (
-    ListRecorder,
     ScriptedTransport,
     delta_reply,
     run_config,
+    scripted_engine,
     use_polled_time,
 )
 from tests.test_engine import LAYOUT, TaskHistoryEngine
@@ -65,16 +64,17 @@ def engine_for(
     run = run_config(**{**SETTINGS, **overrides})
     strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
     evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
-    return TaskHistoryEngine(
+    engine = scripted_engine(
         run,
         strategy,
         transport,
         LAYOUT,
-        profile_for(run),
         evaluator,
-        ListRecorder(),
         client_scorer=scorer,
+        engine_cls=TaskHistoryEngine,
     )
+    assert isinstance(engine, TaskHistoryEngine)
+    return engine
 
 
 def accounted(engine: Engine) -> None:
@@ -117,7 +117,7 @@ class GroupRounds(Strategy):
 def test_a_plan_can_keep_a_barrier_per_group() -> None:
     engine = engine_for(GroupRounds, ScriptedTransport(6, delta_reply, seed=3))
     engine.run_loop()
-    latency = engine.latency.base
+    latency = engine.federation.latency.base
     for members in GroupRounds.groups:
         tasks = [t for t in engine.history.values() if t.client in members]
         starts = sorted({round(t.dispatched_at, 9) for t in tasks})
@@ -171,7 +171,7 @@ def test_a_superseded_task_is_replaced_at_once_and_its_reply_discarded(clock: st
     if clock == "virtual":
         assert replacement.dispatched_at == trigger.finishes_at
     assert engine.counters.failed == 0  # superseded is not lost
-    assert not engine.superseded  # the late reply came and was dropped
+    assert not engine.standing.book.superseded  # the late reply came and was dropped
     accounted(engine)
     updates = [u.task_id for u in strategy.seen]
     assert len(updates) == len(set(updates)) == engine.counters.accepted
@@ -213,7 +213,7 @@ def expected_row(model: np.ndarray, clients: int) -> tuple[float, float]:
 def test_per_client_evaluation_scores_each_model_on_the_server() -> None:
     engine = engine_for(Personal, ScriptedTransport(6, delta_reply, seed=5), scorer=toy_score)
     engine.run_loop()
-    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
     final = engine.strategy.model
     mean, std = expected_row(final, 6)
@@ -260,7 +260,7 @@ def test_per_client_evaluation_on_a_deployment_goes_through_evaluate_messages(
     assert engine.scores.by_message  # not simulated: the clients score their own models
     with caplog.at_level(logging.WARNING, logger="fedstale"):
         engine.run_loop()
-    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
     assert all(r["clients"] == 5 for r in rows)  # client 5 never answered
     assert all(r["from_train_replies"] == 0 for r in rows)  # no train reply reports a score
@@ -337,7 +337,7 @@ def test_a_deployment_evaluation_uses_the_scores_train_replies_carry(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     engine, transport, sent = reporting_run(monkeypatch, Personal, seed=11)
-    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.metrics  # type: ignore[attr-defined]
     assert [r["virtual_time"] for r in rows] == [500.0 * k for k in range(7)]
     first = {}  # the first evaluation: each client's first task, all sent at time 0
     for task_id in sorted(sent, reverse=True):
@@ -360,7 +360,7 @@ class NeverClient2(Personal):
 
 def test_an_idle_client_still_gets_an_evaluate_message(monkeypatch: pytest.MonkeyPatch) -> None:
     engine, transport, sent = reporting_run(monkeypatch, NeverClient2, seed=12)
-    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.metrics  # type: ignore[attr-defined]
     asked = [transport.nodes[s[0]] for s in transport.sent if s[1] == MSG_EVALUATE]
     assert asked.count(2) == len(rows) == 7  # at every evaluation
     assert len(asked) == asked.count(2)  # the others train from the start: never asked
@@ -395,8 +395,8 @@ def test_a_malformed_score_in_a_train_reply_is_rejected_and_logged(
         f"rejected score: node {engine.history[8].node}, task 8 (client {client}): metric {reason}"
     ], lines
     assert engine.counters.rejected == 0  # the update itself stands
-    assert 8 in {r["task"] for r in engine.recorder.updates}  # type: ignore[attr-defined]
-    assert len(engine.recorder.metrics) == 7  # type: ignore[attr-defined]
+    assert 8 in {r["task"] for r in engine.listeners.recorder.updates}  # type: ignore[attr-defined]
+    assert len(engine.listeners.recorder.metrics) == 7  # type: ignore[attr-defined]
     accounted(engine)
 
 
@@ -430,7 +430,7 @@ def test_a_dead_nodes_evaluation_failures_are_logged_once(
     engine = engine_for(Personal, transport, **{"task-timeout": 0.3})
     with caplog.at_level(logging.WARNING, logger="fedstale"):
         engine.run_loop()
-    rows = engine.recorder.metrics  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.metrics  # type: ignore[attr-defined]
     assert transport.failed == len(rows) == 7  # asked at every evaluation, failed every time
     assert all(row["clients"] == 5 for row in rows)
     lines = [r.getMessage() for r in caplog.records if "evaluation of client" in r.getMessage()]
@@ -446,7 +446,7 @@ def test_global_strategies_can_be_scored_per_client_too() -> None:
         Recording, ScriptedTransport(6, delta_reply), scorer=toy_score, eval_target="per-client"
     )
     engine.run_loop()
-    row = engine.recorder.metrics[-1]  # type: ignore[attr-defined]
+    row = engine.listeners.recorder.metrics[-1]  # type: ignore[attr-defined]
     scores = [toy_score(c, engine.strategy.model)[0] for c in range(6)]
     assert row["accuracy"] == pytest.approx(np.mean(scores)) and row["clients"] == 6
 
@@ -457,7 +457,7 @@ def test_a_global_evaluation_row_keeps_its_keys() -> None:
     engine = engine_for(Recording, ScriptedTransport(6, delta_reply))
     engine.run_loop()
     keys = {"virtual_time", "wall_time", "version", "accuracy", "loss", "updates"}
-    assert all(set(row) == keys for row in engine.recorder.metrics)  # type: ignore[attr-defined]
+    assert all(set(row) == keys for row in engine.listeners.recorder.metrics)  # type: ignore[attr-defined]
 
 
 def test_per_client_evaluation_on_the_server_needs_a_scorer() -> None:
@@ -605,7 +605,7 @@ def run_then_refresh(transport: ScriptedTransport, caplog: pytest.LogCaptureFixt
         engine.run_loop()
         for _ in range(5):
             engine.refresh_nodes(force=True)
-            engine.nodes.collect(transport)
+            engine.federation.nodes.collect(transport)
     return engine
 
 

@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import MSG_TRAIN
 from fedstale.server_app.clock import Task
@@ -27,7 +26,7 @@ from fedstale.strategies.base import (
     update_record,
 )
 from fedstale.strategies.fedavg import FedAvg
-from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config, scripted_engine
 
 LAYOUT = ParamLayout(names=("w",), shapes=((3,),))
 
@@ -53,10 +52,13 @@ class TaskHistoryEngine(Engine):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.history: dict[int, Task] = {}
+        add = self.standing.book.add
 
-    def _dispatch(self, assignment: Assignment) -> None:
-        super()._dispatch(assignment)
-        self.history.update(self.tasks)
+        def add_and_keep(task: Task) -> None:
+            add(task)
+            self.history[task.task_id] = task
+
+        self.standing.book.add = add_and_keep  # type: ignore[method-assign]
 
 
 def make_engine(
@@ -74,9 +76,12 @@ def make_engine(
     }
     run = run_config(**settings)
     strategy = strategy_cls(run, NoParams(), np.zeros(3, dtype=np.float32))
-    latency = profile_for(run)
     evaluator = lambda flat: (float(min(1.0, abs(flat).sum() / 100)), 0.0)  # noqa: E731
-    return TaskHistoryEngine(run, strategy, transport, LAYOUT, latency, evaluator, ListRecorder())
+    engine = scripted_engine(
+        run, strategy, transport, LAYOUT, evaluator, engine_cls=TaskHistoryEngine
+    )
+    assert isinstance(engine, TaskHistoryEngine)
+    return engine
 
 
 def finish_order(engine: Engine, transport: ScriptedTransport) -> list[int]:
@@ -87,14 +92,15 @@ def test_completions_are_handled_in_virtual_time_order() -> None:
     transport = ScriptedTransport(6, delta_reply, seed=1)
     engine = make_engine(transport)
     engine.run_loop()
-    recorder: ListRecorder = engine.recorder  # type: ignore[assignment]
+    recorder: ListRecorder = engine.listeners.recorder  # type: ignore[assignment]
     times = [row["time"] for row in recorder.updates]
     assert len(times) > 10
     assert times == sorted(times)
     # every handled update finished at dispatch time + its client's latency
     for row in recorder.updates:
         assert row["time"] == pytest.approx(
-            engine_dispatch_time(engine, row["task"]) + engine.latency.base[row["client"]]
+            engine_dispatch_time(engine, row["task"])
+            + engine.federation.latency.base[row["client"]]
         )
 
 
@@ -112,7 +118,10 @@ def test_arrival_order_does_not_change_the_run() -> None:
         runs.append(
             (
                 [(u.task_id, u.client, u.staleness) for u in engine.strategy.seen],  # type: ignore[attr-defined]
-                [(m["virtual_time"], m["version"], m["accuracy"]) for m in engine.recorder.metrics],  # type: ignore[attr-defined]
+                [
+                    (m["virtual_time"], m["version"], m["accuracy"])
+                    for m in engine.listeners.recorder.metrics  # type: ignore[attr-defined]
+                ],
             )
         )
     assert runs[0] == runs[1] == runs[2]
@@ -121,14 +130,14 @@ def test_arrival_order_does_not_change_the_run() -> None:
 def test_at_most_concurrency_tasks_and_one_per_client() -> None:
     transport = ScriptedTransport(6, delta_reply, seed=4)
     engine = make_engine(transport)
-    original_dispatch = engine.dispatch
+    original_dispatch = engine.dispatcher.dispatch
 
     def checked_dispatch(assignment: Assignment) -> None:
-        assert assignment.client not in engine.busy
+        assert assignment.client not in engine.standing.book.busy
         original_dispatch(assignment)
         assert len(engine.tasks) <= engine.run.concurrency
 
-    engine.dispatch = checked_dispatch  # type: ignore[method-assign]
+    engine.dispatcher.dispatch = checked_dispatch  # type: ignore[method-assign]
     engine.run_loop()
     assert engine.counters.accepted > 0
 
@@ -203,7 +212,7 @@ def test_node_that_disappears_has_its_task_retired() -> None:
     del transport.nodes[victim.node]
     engine.refresh_nodes(force=True)
     assert victim.task_id not in engine.tasks
-    assert victim.client not in engine.nodes.clients
+    assert victim.client not in engine.federation.nodes.clients
     engine.fill()
     assert len(engine.tasks) == engine.run.concurrency
 
@@ -223,25 +232,28 @@ def test_a_node_restarted_for_its_client_takes_over_the_task_in_flight(
     with caplog.at_level(logging.INFO, logger="fedstale"):
         for _ in range(200):  # until its query's reply is in (train replies wait meanwhile)
             engine.refresh_nodes(force=True)
-            if engine.nodes.node_of[victim.client] == 5000:
+            if engine.federation.nodes.node_of[victim.client] == 5000:
                 break
     assert victim.task_id not in engine.tasks
     said = f"task {victim.task_id} lost: node {victim.node} (client {victim.client}): "
     assert said + f"client {victim.client} is now served by node 5000" in caplog.text
     others = [t for t in engine.tasks.values() if t.client != victim.client]
     assert len(others) == engine.run.concurrency - 1  # no other task touched
-    assert victim.client in engine.nodes.clients and engine.nodes.node_of[victim.client] == 5000
+    assert (
+        victim.client in engine.federation.nodes.clients
+        and engine.federation.nodes.node_of[victim.client] == 5000
+    )
     engine.fill()
     assert len(engine.tasks) == engine.run.concurrency
-    assert all(t.node == engine.nodes.node_of[t.client] for t in engine.tasks.values())
+    assert all(t.node == engine.federation.nodes.node_of[t.client] for t in engine.tasks.values())
 
 
 def test_virtual_time_budget_and_evaluation_schedule() -> None:
     engine = make_engine(ScriptedTransport(6, delta_reply, seed=9))
     engine.run_loop()
-    times = [m["virtual_time"] for m in engine.recorder.metrics]  # type: ignore[attr-defined]
+    times = [m["virtual_time"] for m in engine.listeners.recorder.metrics]  # type: ignore[attr-defined]
     assert times == [250.0 * k for k in range(9)]  # 0, 250, ..., 2000
-    assert engine.clock.now() <= 2000.0
+    assert engine.standing.clock.now() <= 2000.0
 
 
 def test_version_budget_stops_the_run() -> None:
@@ -254,9 +266,9 @@ def test_version_budget_stops_the_run() -> None:
 def test_target_accuracy_stops_at_first_evaluation_reaching_it() -> None:
     engine = make_engine(ScriptedTransport(6, delta_reply), target_accuracy=0.3)
     engine.run_loop()
-    assert engine.time_to_target is not None
-    assert engine.evaluations[-1].accuracy >= 0.3
-    assert all(e.accuracy < 0.3 for e in engine.evaluations[:-1])
+    assert engine.scores.time_to_target is not None
+    assert engine.scores.done[-1].accuracy >= 0.3
+    assert all(e.accuracy < 0.3 for e in engine.scores.done[:-1])
 
 
 def test_fedavg_round_lasts_as_long_as_its_slowest_client() -> None:
@@ -270,7 +282,9 @@ def test_fedavg_round_lasts_as_long_as_its_slowest_client() -> None:
     starts = sorted(rounds)
     assert all(len(rounds[s]) == 3 for s in starts)
     for previous, nxt in itertools.pairwise(starts):
-        slowest = max(engine.latency.base[engine.history[t].client] for t in rounds[previous])
+        slowest = max(
+            engine.federation.latency.base[engine.history[t].client] for t in rounds[previous]
+        )
         assert nxt == pytest.approx(previous + slowest)
 
 
@@ -287,7 +301,7 @@ def test_node_joining_mid_run_gets_work() -> None:
         transport, node_wait_seconds=0.05, clock="wall", max_virtual_time=0.0, max_versions=400
     )
     engine.wait_for_clients()  # wall clock: goes on with 5 of 6 clients, with a warning
-    assert late_client not in engine.nodes.clients
+    assert late_client not in engine.federation.nodes.clients
     transport.nodes[late_node] = late_client
     engine.last_refresh = float("-inf")
     engine.run_loop()
@@ -345,7 +359,9 @@ def test_refused_push_drops_the_node_and_the_run_goes_on(caplog: pytest.LogCaptu
     assert transport.refused_node is not None
     assert transport.refused_node not in {node for node, _, _ in transport.sent[6:]}
     assert engine.counters.accepted > 5 and engine.counters.failed == 0
-    assert engine.counters.dispatched == engine.next_task_id  # no task id spent on the refusal
+    assert (
+        engine.counters.dispatched == engine.standing.next_task_id
+    )  # no task id spent on the refusal
     assert any("gets no work until it returns" in r.getMessage() for r in caplog.records)
 
 
@@ -356,7 +372,7 @@ def test_prefetch_queues_at_most_one_extra_task_per_client() -> None:
         prefetch=True,
         **{"max-virtual-time": 0.0, "max-versions": 40},
     )
-    original_dispatch = engine.dispatch
+    original_dispatch = engine.dispatcher.dispatch
     most = 0
 
     def checked_dispatch(assignment: Assignment) -> None:
@@ -366,7 +382,7 @@ def test_prefetch_queues_at_most_one_extra_task_per_client() -> None:
         assert max(per_client.count(c) for c in per_client) <= 2
         most = max(most, len(engine.tasks))
 
-    engine.dispatch = checked_dispatch  # type: ignore[method-assign]
+    engine.dispatcher.dispatch = checked_dispatch  # type: ignore[method-assign]
     engine.run_loop()
     assert most == 2 * engine.run.concurrency
     assert engine.version >= 40
@@ -416,15 +432,17 @@ def late_run(strategy_cls: type[Strategy], copies: int = 1) -> TaskHistoryEngine
     engine = make_engine(
         transport, strategy_cls, task_timeout=600.0, max_virtual_time=0.0, max_updates=30
     )
-    transport.released = lambda: 1 not in engine.book.tasks and engine.counters.accepted >= 6
-    dispatch = engine.dispatch
+    transport.released = lambda: (
+        1 not in engine.standing.book.tasks and engine.counters.accepted >= 6
+    )
+    dispatch = engine.dispatcher.dispatch
 
     def dispatch_then_expire_task_1(assignment: Assignment) -> None:
         dispatch(assignment)
-        if 1 in engine.book.tasks:
-            engine.book.tasks[1].deadline = 0.0
+        if 1 in engine.standing.book.tasks:
+            engine.standing.book.tasks[1].deadline = 0.0
 
-    engine.dispatch = dispatch_then_expire_task_1  # type: ignore[method-assign]
+    engine.dispatcher.dispatch = dispatch_then_expire_task_1  # type: ignore[method-assign]
     engine.run_loop()
     return engine
 
@@ -434,7 +452,7 @@ def test_a_reply_after_its_task_timed_out_is_taken_late_and_counted_once(
 ) -> None:
     with caplog.at_level(logging.INFO, logger="fedstale"):
         engine = late_run(Recording, copies=2)
-    rows = engine.recorder.updates  # type: ignore[attr-defined]
+    rows = engine.listeners.recorder.updates  # type: ignore[attr-defined]
     late = [row for row in rows if row.get("late")]
     assert [row["task"] for row in late] == [1]
     assert late[0]["staleness"] > 0  # the others went on meanwhile
@@ -453,7 +471,7 @@ def test_a_late_reply_a_closed_synchronous_round_cannot_take_is_refused_with_its
     assert engine.counters.late == 0 and engine.counters.failed == 1
     (reason,) = engine.counters.late_refused
     assert "synchronous round" in reason and engine.counters.late_refused[reason] == 1
-    assert 1 not in [row["task"] for row in engine.recorder.updates]  # type: ignore[attr-defined]
+    assert 1 not in [row["task"] for row in engine.listeners.recorder.updates]  # type: ignore[attr-defined]
     assert any(
         "late reply to task 1" in r.getMessage() and reason in r.getMessage()
         for r in caplog.records
@@ -468,7 +486,7 @@ def test_assigned_partitions_ask_no_node_and_name_the_client_in_every_task() -> 
 
     transport = ScriptedTransport(6, delta_reply)
     engine = make_engine(transport)
-    engine.nodes = AssignedNodes(6)
+    engine.federation.nodes = AssignedNodes(6)
     engine.run_loop()
     assert engine.counters.accepted > 0
     assert not [kind for _, kind, _ in transport.sent if kind == MSG_QUERY]

@@ -239,7 +239,7 @@ def test_uniform_base_weights_are_one_over_k_before_the_feedback_factor() -> Non
 
 def safl(update: str) -> q.SaflFedSGD:
     run = run_config(num_clients=3, concurrency=3, buffer_size=3)
-    params = q.KFifoParams.model_validate({"fifo-update": update})
+    params = q.KFifoParams.model_validate({"fedqs-fifo-update": update})
     return q.SaflFedSGD(run, params, np.zeros(2, dtype=np.float32))
 
 

@@ -24,7 +24,6 @@ from flwr.serverapp.strategy import Strategy as FlowerStrategy
 
 import fedstale
 from fedstale.common.config import ConfigError, RunConfig
-from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.schema import InvalidReply, TaskKeys, TaskSpec
@@ -32,7 +31,7 @@ from fedstale.launcher.deploy import CONNECTION, LocalDeployment
 from fedstale.launcher.launch import tool
 from fedstale.server_app.clock import Task
 from fedstale.server_app.contract import FlowerContract, MissingSignal
-from fedstale.server_app.engine import Engine, EngineError
+from fedstale.server_app.engine import EngineError
 from fedstale.server_app.flower_strategy import AsyncStrategy
 from fedstale.server_app.nodes import NodesInOrder
 from fedstale.server_app.replies import Arrival
@@ -44,7 +43,7 @@ from fedstale.strategies.fedpsa import FedPSAKeys
 from fedstale.strategies.registry import STRATEGIES
 from tests import timing
 from tests.flower_procs import ONE_CLIENTAPP
-from tests.helpers import ListRecorder, ScriptedTransport, run_config
+from tests.helpers import ScriptedTransport, run_config, scripted_engine
 from tests.test_both_doors import EDGE_FACTORS, LATENCY, SLOWED, first_close_per_edge
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -177,14 +176,11 @@ def test_a_run_whose_replies_all_lack_the_signal_stops_with_the_line_naming_the_
     def plain_train(partition: int, config: Any, arrays: dict) -> tuple[dict, dict]:
         return {"num-examples": 5}, {k: v + 0.1 for k, v in arrays.items()}
 
-    engine = Engine(
+    engine = scripted_engine(
         run,
         rule,
         ScriptedTransport(3, plain_train),
         LAYOUT,
-        profile_for(run),
-        lambda flat: (0.0, 0.0),
-        ListRecorder(),
         contract=FlowerContract({}, DTYPES, {r.name: r.mod_hint() for r in rule.client_rules}),
         nodes=NodesInOrder(3),
     )
@@ -217,11 +213,11 @@ def test_a_rules_capabilities_bring_their_arguments_and_no_other_rule_takes_them
     (HierFedAvg): the generic AsyncStrategy carries neither."""
     assert fedstale.FedPSA(model_fn=torch.nn.Flatten, input_shape=(4,)).input_shape == (4,)
     assert fedstale.HierFedAvg(num_clients=4, mafsa_edges=2, edges={0: 0}).edges == {0: 0}
-    with pytest.raises(TypeError, match="unexpected keyword argument 'model_fn'"):
+    with pytest.raises(ConfigError, match=r"^FedBuff: unknown argument 'model_fn'"):
         fedstale.FedBuff(model_fn=torch.nn.Flatten)  # type: ignore[call-arg]
-    with pytest.raises(TypeError, match="unexpected keyword argument 'edges'"):
+    with pytest.raises(ConfigError, match=r"^FedPSA: unknown argument 'edges'"):
         fedstale.FedPSA(edges={0: 0})  # type: ignore[call-arg]
-    assert "model_fn" not in inspect.signature(AsyncStrategy.__init__).parameters
+    assert not {"model_fn", "edges"} & set(inspect.signature(AsyncStrategy).parameters)
 
 
 def test_the_library_offers_the_model_services_generically() -> None:
@@ -231,15 +227,16 @@ def test_the_library_offers_the_model_services_generically() -> None:
 
     arrays = {"w": np.zeros((3, 4), np.float32)}
     run = run_config(strategy="fedpsa")
-    bare = LibraryDoor(fedstale.FedPSA(), None, arrays, {}, None)  # type: ignore[arg-type]
+    bare = LibraryDoor(run, fedstale.FedPSA(), None, arrays, {}, None)  # type: ignore[arg-type]
     with pytest.raises(
         ConfigError,
         match=r"fedpsa computes on the model at the server: pass "
         r"FedPSA\(model_fn=<your model factory>, input_shape=",
     ):
-        bare.services(run, None).model()  # type: ignore[arg-type]
+        bare.services(None).model()  # type: ignore[arg-type]
     net = fedstale.FedPSA(model_fn=lambda: torch.nn.Linear(4, 3), input_shape=(4,))
-    services = LibraryDoor(net, None, arrays, {}, None).services(run, None)  # type: ignore[arg-type]
+    door = LibraryDoor(run, net, None, arrays, {}, None)  # type: ignore[arg-type]
+    services = door.services(None)  # type: ignore[arg-type]
     model = services.model()
     assert (model.input_shape, model.num_classes) == ((4,), 3)
     assert services.model().module is model.module
@@ -249,7 +246,7 @@ def test_the_library_offers_the_model_services_generically() -> None:
 
 def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
     with pytest.raises(
-        TypeError, match=r"FedBuff.__init__\(\) got an unexpected keyword argument 'bufer_size'"
+        ConfigError, match=r"^FedBuff: unknown argument 'bufer_size'; did you mean 'buffer_size'\?$"
     ):
         fedstale.FedBuff(bufer_size=3)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"fix FedBuff\(\.\.\.\)'s arguments"):

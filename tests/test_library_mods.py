@@ -198,7 +198,7 @@ def counting(train: Train) -> tuple[list[Message], Train]:
 
 
 def test_mafsa_is_a_library_strategy_training_every_client_at_once() -> None:
-    made = fedstale.MAFSA(num_clients=4, mafsa_edges=2, dropout_rate=0.3)
+    made = fedstale.MAFSA(num_clients=4, mafsa_edges=2, mafsa_dropout_rate=0.3)
     assert isinstance(made, AsyncStrategy) and made.rule == "mafsa"
 
 
@@ -325,7 +325,7 @@ def node_data(context: Context) -> tuple[torch.Tensor, torch.Tensor]:
 '''
 RULES = {
     "MAFSA": (
-        "MAFSA(fraction_evaluate=fraction_evaluate, mafsa_edges=2, dropout_rate=0.5, seed=2)",
+        "MAFSA(fraction_evaluate=fraction_evaluate, mafsa_edges=2, mafsa_dropout_rate=0.5, seed=2)",
         "fedstale.mafsa_mod()",
     ),
     "FedQSSGD": (

@@ -80,7 +80,7 @@ def test_the_pace_reproductions_config_takes_the_new_baselines(method: str) -> N
 
 @pytest.mark.parametrize(
     ("strategy", "extra"),
-    [("local-only", {}), ("pfedgraph-async", {"pfedgraph-style": "authors"})],
+    [("local-only", {}), ("pfedgraph-async", {"pace-pfedgraph-style": "authors"})],
 )
 def test_the_new_baselines_run_in_process_scored_per_client(
     strategy: str, extra: dict[str, Any], tmp_path: Path

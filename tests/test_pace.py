@@ -121,7 +121,7 @@ def test_pfedgraph_async_sends_the_graph_mix_and_never_blends() -> None:
 
 def authors_pfedgraph() -> PFedGraphAsync:
     run = run_config(num_clients=3, concurrency=2)
-    naive = PFedGraphAsync(run, PACEParams(pfedgraph_style="authors"), np.array([1.0, 0.0]))
+    naive = PFedGraphAsync(run, PACEParams(pace_pfedgraph_style="authors"), np.array([1.0, 0.0]))
     naive.bind_client_sizes(np.array([2.0, 1.0, 1.0]))  # p = [.5, .25, .25]
     return naive
 
@@ -166,14 +166,14 @@ def test_authors_pfedgraph_stores_each_clients_aggregate_worked_by_hand() -> Non
 
 
 def test_authors_pfedgraph_is_refused_outside_the_naive_baseline() -> None:
-    with pytest.raises(ConfigError, match="pfedgraph-style=authors is a form of the naive"):
-        load_config({"strategy": "pace", "pfedgraph-style": "authors"})
+    with pytest.raises(ConfigError, match="pace-pfedgraph-style=authors is a form of the naive"):
+        load_config({"strategy": "pace", "pace-pfedgraph-style": "authors"})
     for values in (
         {"strategy": "pfedgraph-async"},
         {"strategy": "pace", "pace-ablation": "naive"},
     ):
-        _, params = load_config({**values, "pfedgraph-style": "authors"})
-        assert params.pfedgraph_style == "authors"
+        _, params = load_config({**values, "pace-pfedgraph-style": "authors"})
+        assert params.pace_pfedgraph_style == "authors"
 
 
 def test_multicast_takes_the_shortest_prefix_over_omega() -> None:

@@ -19,7 +19,8 @@ def engine_at(clock: float, accepted: int, version: int, **budgets: float) -> Si
         run=run_config(**budgets),
         counters=SimpleNamespace(accepted=accepted),
         version=version,
-        clock=SimpleNamespace(now=lambda: clock),
+        standing=SimpleNamespace(clock=SimpleNamespace(now=lambda: clock)),
+        scores=SimpleNamespace(done=[]),
         wall_start=time.monotonic(),
         stages=Pipeline(),  # no stage: no privacy
     )
@@ -57,7 +58,7 @@ def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
             engine.stages = SimpleNamespace(find=lambda kind: stage if kind is CentralDP else None)
         engine.strategy = "fedbuff"  # type: ignore[attr-defined]
         engine.counters = SimpleNamespace(accepted=6, rejected=0, failed=0)
-        engine.evaluations = [SimpleNamespace(accuracy=s) for s in scores]
+        engine.scores.done = [SimpleNamespace(accuracy=s) for s in scores]
         caplog.clear()
         with caplog.at_level("INFO", logger="fedstale"):
             progress.Progress(0.0)(engine)  # type: ignore[arg-type]

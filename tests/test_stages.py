@@ -9,12 +9,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from fedstale.common.latency import profile_for
-from fedstale.server_app.engine import Engine
 from fedstale.server_app.stages.pipeline import Pipeline, Request, Stage, Verdict, gather
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import NoParams, Outcome, Update
-from tests.helpers import ListRecorder, ScriptedTransport, delta_reply, run_config
+from tests.helpers import ScriptedTransport, delta_reply, run_config, scripted_engine
 from tests.test_engine import LAYOUT, Recording
 
 
@@ -36,16 +34,8 @@ def test_a_stage_added_to_the_list_sees_every_update_the_rule_sees() -> None:
     )
     strategy = Recording(run, NoParams(), np.zeros(3, dtype=np.float32))
     norm_log = NormLog()
-    engine = Engine(
-        run,
-        strategy,
-        ScriptedTransport(4, delta_reply, seed=3),
-        LAYOUT,
-        profile_for(run),
-        lambda flat: (0.0, 0.0),
-        ListRecorder(),
-        stages=[norm_log],
-    )
+    transport = ScriptedTransport(4, delta_reply, seed=3)
+    engine = scripted_engine(run, strategy, transport, LAYOUT, stages=[norm_log])
     engine.run_loop()
     seen = [(u.task_id, float(np.linalg.norm(u.vector))) for u in strategy.seen]
     assert len(seen) == 9 and norm_log.norms == seen

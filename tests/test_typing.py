@@ -1,6 +1,6 @@
-"""The library's classes as a type checker, an IDE and `help()` see them: generated from the
-rules' declarations (fedstale/server_app/library_source.py), typed, with their defaults;
-mypy flags a misspelt argument and passes the examples' ServerApps."""
+"""The library's classes as a type checker, an IDE and `help()` see them: each made of its
+rule's `Params` and the library's arguments (pydantic models, PEP 681), typed, with their
+defaults; mypy flags a misspelt argument and passes the examples' ServerApps."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 import fedstale
 from fedstale.common.config import RunConfig
-from fedstale.server_app import library_source
+from fedstale.server_app import library
 from fedstale.strategies.registry import declarations, is_built_in
 from tests import timing
 
@@ -23,12 +23,37 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVER_APPS = sorted(ROOT.glob("examples/*/*/server_app.py"))
 
 
-def test_the_generated_classes_are_what_the_declarations_render() -> None:
-    written = library_source.TARGET.read_text()
-    assert written == library_source.render(), (
-        "fedstale/server_app/library.py is stale: run "
-        "`python -m fedstale.server_app.library_source --write`"
+def test_each_built_in_class_is_its_rules_keys_and_the_librarys_arguments() -> None:
+    """library.py holds one short class per built-in rule with a library name (found from
+    the registry), made of the rule's own Params, its capabilities' arguments and
+    AsyncStrategy; nothing is generated."""
+    from fedstale.server_app.flower_strategy import (
+        AsyncStrategy,
+        ServerModelArguments,
+        TopologyArguments,
     )
+
+    built_in = [r for r in declarations().values() if r.library and is_built_in(r)]
+    assert len(built_in) == 12
+    assert sorted(library.__all__) == sorted(r.library for r in built_in)  # what mypy sees
+    for rule in built_in:
+        cls = getattr(library, rule.library)
+        assert cls.rule == rule.name and issubclass(cls, rule.strategy.Params)
+        assert issubclass(cls, AsyncStrategy)
+        assert issubclass(cls, ServerModelArguments) == rule.server_model
+        assert issubclass(cls, TopologyArguments) == rule.topology
+        assert rule.about.split()[0] in (cls.__doc__ or "")
+    assert len(Path(library.__file__).read_text().splitlines()) < 100
+
+
+def test_a_misspelt_or_wrong_argument_is_one_line_at_run_time() -> None:
+    with pytest.raises(fedstale.ConfigError) as misspelt:
+        fedstale.FedBuff(bufer_size=5)  # type: ignore[call-arg]
+    assert (
+        str(misspelt.value) == "FedBuff: unknown argument 'bufer_size'; did you mean 'buffer_size'?"
+    )
+    with pytest.raises(fedstale.ConfigError, match=r"^FedBuff: 'buffer_size' = 0: .*greater"):
+        fedstale.FedBuff(buffer_size=0)
 
 
 # What docs/library.md promises, written here rather than read from the code that makes the
@@ -68,7 +93,11 @@ def test_each_class_takes_its_rules_keys_and_every_rules_keys_with_their_default
 
 def test_help_shows_the_arguments_and_given_defaults_are_not_settings() -> None:
     text = pydoc.render_doc(fedstale.FedBuff, renderer=pydoc.plaintext)
-    assert "buffer_size: 'int' = 5" in text and "fedbuff_server_lr: 'float' = 1.0" in text
+    parameters = inspect.signature(fedstale.FedBuff).parameters
+    for name, kind, default in (("buffer_size", "int", 5), ("fedbuff_server_lr", "float", 1.0)):
+        shown = str(parameters[name])
+        assert shown.startswith(f"{name}: typing.Annotated[{kind},") and shown in text
+        assert shown.endswith(f"= {default}")
     assert "Nguyen" in text
     assert fedstale.FedBuff(buffer_size=5, concurrency=4, lr=None).settings == {"concurrency": 4}
     assert fedstale.FedBuff(clock="virtual").settings == {"clock": "virtual"}

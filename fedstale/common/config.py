@@ -11,7 +11,7 @@ import math
 import re
 from collections.abc import Mapping
 from functools import cache
-from typing import Any, Literal, TypeVar
+from typing import Any, ClassVar, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -98,7 +98,11 @@ class ConfigError(ValueError):
 
 
 class KebabModel(BaseModel):
-    """Fields are read from kebab-case keys (`local-epochs` -> `local_epochs`)."""
+    """Fields are read from kebab-case keys (`local-epochs` -> `local_epochs`). `renamed`:
+    a key's old name -> its new one; the old name is read for a release, with one line
+    naming the new key (`strategies.registry.with_new_names`)."""
+
+    renamed: ClassVar[dict[str, str]] = {}
 
     model_config = ConfigDict(
         alias_generator=lambda name: name.replace("_", "-"),
@@ -131,8 +135,161 @@ def _fields_read_by(model: type[KebabModel], reader: str) -> tuple[str, ...]:
     return tuple(n for n, mark in marks.items() if mark.get("reader", "engine") == reader)
 
 
-class RunConfig(KebabModel):
-    """The keys shared by every strategy (see pyproject.toml for their meaning)."""
+class RunSettings(KebabModel):
+    """What the engine runs: the rule, the federation's size and pace, where results go,
+    resuming, and how it talks to the nodes."""
+
+    run_name: str = ""
+    runs_dir: str = ""
+    seed: int = Field(default=0, ge=0)
+    loss: str = "cross-entropy"
+    metric: str = "accuracy"
+    num_clients: int = Field(default=50, ge=1)
+    concurrency: int = Field(default=10, ge=1)
+    buffer_size: int = Field(default=5, ge=1)
+    lr_decay: float = Field(default=0.999, gt=0, le=1)
+    server_step: Literal["spec", "client-lr"] = "spec"
+    progress_interval: float = Field(default=5.0, gt=0)
+    checkpoint_every: int = Field(default=20, ge=0)
+    resume_from: str = ""
+    overwrite: bool = False
+    prefetch: bool = False
+    node_partitions: Literal["ask", "assign"] = "ask"
+    poll_interval: float = Field(default=0.02, gt=0, le=5)
+    node_wait_seconds: float = Field(default=120.0, gt=0)
+    task_ttl: float = Field(default=3600.0, gt=0)
+    task_timeout: float = Field(default=900.0, ge=0)
+
+
+class TrainingSettings(KebabModel):
+    """What every task asks of the client's local training (each a `TaskSpec` field)."""
+
+    local_epochs: int = Field(default=5, ge=1, json_schema_extra=CLIENT)
+    batch_size: int = Field(default=64, ge=1, json_schema_extra=CLIENT)
+    lr: float = Field(default=0.01, gt=0, json_schema_extra=CLIENT)  # decayed by the engine
+    proximal_mu: float = Field(default=0.0, ge=0, json_schema_extra=CLIENT)
+    optimizer: Literal["sgd", "adam"] = Field(default="sgd", json_schema_extra=CLIENT)
+    momentum: float = Field(default=0.0, ge=0, lt=1, json_schema_extra=CLIENT)
+    weight_decay: float = Field(default=0.0, ge=0, json_schema_extra=CLIENT)
+    grad_clip: float = Field(default=0.0, ge=0, json_schema_extra=CLIENT)
+    local_steps: int = Field(default=0, ge=0, json_schema_extra=CLIENT)
+
+    def client_training(self) -> dict[str, Any]:
+        """What every task asks of the client's training: field name -> value."""
+        return {name: getattr(self, name) for name in _fields_read_by(type(self), "client")}
+
+
+class PrivacySettings(KebabModel):
+    """Central differential privacy (docs/privacy.md)."""
+
+    dp_clipping: Literal["server", "client"] = "server"
+    dp_noise_multiplier: float = Field(default=0.0, ge=0)
+    dp_clipping_norm: float = Field(default=0.0, ge=0)
+    dp_target_delta: float = Field(default=1e-5, gt=0, lt=1)
+    dp_max_epsilon: float = Field(default=0.0, ge=0)
+    dp_noise_seed: int = Field(default=-1, ge=-1)
+    dp_accountant: Literal["rdp", "pld"] = "rdp"
+    dp_max_rejections: int = Field(default=3, ge=1)
+    dp_client_values: Literal["auto", "keep", "omit"] = "auto"
+    dp_secure_noise: bool = False
+
+    @property
+    def clips(self) -> bool:
+        """Central DP's clipping is on (`dp-clipping-norm` > 0); noise too when
+        `dp-noise-multiplier` > 0."""
+        return self.dp_clipping_norm > 0
+
+
+class SecureSettings(KebabModel):
+    """Secure aggregation of buffers (docs/privacy.md)."""
+
+    secure_aggregation: bool = False
+    secagg_privacy: int = Field(default=-1, ge=-1)  # T; -1: a third of the holders
+    secagg_recovery: int = Field(default=0, ge=0)  # U; 0: all but a third of the holders
+    secagg_clip_range: float = Field(default=0.0, ge=0)  # 0: dp-clipping-norm, else 1
+    secagg_precision_bits: int = Field(default=16, ge=1, le=24)
+    secagg_weight_bits: int = Field(default=10, ge=1, le=20)
+    secagg_min_clients: int = Field(default=2, ge=2)
+    # a holder's smallest W / largest
+    secagg_min_weight_ratio: float = Field(default=0.0625, gt=0, le=1)
+    secagg_wrong_answers: int = Field(default=1, ge=1)  # f: wrong answers a decode withstands
+    secagg_timeout: float = Field(default=60.0, gt=0)
+
+
+class LatencySettings(KebabModel):
+    """How long each client's task takes on the clock."""
+
+    latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
+    latency_min: float = Field(default=10.0, gt=0)
+    latency_max: float = Field(default=500.0, gt=0)
+    slow_fraction: float = Field(default=0.3, ge=0, le=1)
+    slow_factor: float = Field(default=5.0, ge=1)
+    latency_jitter: float = Field(default=0.0, ge=0, lt=1)
+    latency_step_time: float = Field(default=1.0, gt=0)
+    latency_network: float = Field(default=0.0, ge=0)
+
+
+class BudgetSettings(KebabModel):
+    """The clock, when the run stops on it (the first budget reached; 0: off), and how
+    often it is scored."""
+
+    clock: Literal["virtual", "wall"] = "virtual"
+    max_virtual_time: float = Field(default=43200.0, ge=0)
+    max_versions: int = Field(default=0, ge=0)
+    max_updates: int = Field(default=0, ge=0)
+    target_accuracy: float = Field(default=0.0, ge=0, le=1)
+    max_wall_seconds: float = Field(default=0.0, ge=0)
+    eval_interval: float = Field(default=1000.0, gt=0)
+
+
+class AppSettings(KebabModel):
+    """Only fedstale's own app reads these (its data, model, ClientApp and evaluation); a
+    library user's ServerApp and ClientApp decide them, so the library refuses them."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field(default="auto", json_schema_extra=APP_ONLY)
+    dataset: str = Field(default="fmnist", json_schema_extra=APP_ONLY)
+    data_dir: str = Field(default="", json_schema_extra=APP_ONLY)
+    model: str = Field(default="auto", json_schema_extra=APP_ONLY)
+    partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = Field(
+        default="iid", json_schema_extra=APP_ONLY
+    )
+    dirichlet_alpha: float = Field(default=1.0, gt=0, json_schema_extra=APP_ONLY)
+    dirichlet_convention: Literal["hsu", "per-class"] = Field(
+        default="hsu", json_schema_extra=APP_ONLY
+    )
+    classes_per_client: int = Field(default=2, ge=1, json_schema_extra=APP_ONLY)
+    test_split: Literal["standard", "holdout", "local"] = Field(
+        default="standard", json_schema_extra=APP_ONLY
+    )
+    client_val_fraction: float = Field(default=0.1, ge=0, lt=1, json_schema_extra=APP_ONLY)
+    client_threads: int = Field(default=1, ge=0, json_schema_extra=APP_ONLY)
+    trainer: Literal["auto", "autograd", "cohort"] = Field(
+        default="auto", json_schema_extra=APP_ONLY
+    )
+    eval_target: Literal["auto", "global", "per-client"] = Field(
+        default="auto", json_schema_extra=APP_ONLY
+    )
+    eval_where: Literal["auto", "server", "clients"] = Field(
+        default="auto", json_schema_extra=APP_ONLY
+    )
+    eval_batch_size: int = Field(default=1024, ge=1, json_schema_extra=APP_ONLY)
+    # Test-only: "kind@task,..." makes clients corrupt those tasks' replies on purpose.
+    test_faults: str = Field(default="", json_schema_extra=APP_ONLY)
+
+
+class RunConfig(
+    RunSettings,
+    TrainingSettings,
+    PrivacySettings,
+    SecureSettings,
+    LatencySettings,
+    BudgetSettings,
+    AppSettings,
+):
+    """Every key shared by the rules (see pyproject.toml for their meaning), in sections: a
+    component that reads one section takes that section's type (a RunConfig is each)."""
+
+    strategy: str = "fedbuff"
 
     @classmethod
     def fields_read_by(cls, reader: str) -> tuple[str, ...]:
@@ -145,107 +302,6 @@ class RunConfig(KebabModel):
         out of config.json."""
         return {cls.model_fields[n].alias or n for n in cls.fields_read_by("app")}
 
-    def client_training(self) -> dict[str, Any]:
-        """What every task asks of the client's training: field name -> value."""
-        return {name: getattr(self, name) for name in self.fields_read_by("client")}
-
-    strategy: str = "fedbuff"
-    run_name: str = ""
-    runs_dir: str = ""
-    seed: int = Field(0, ge=0)
-    device: Literal["auto", "cpu", "cuda"] = Field("auto", json_schema_extra=APP_ONLY)
-
-    dataset: str = Field("fmnist", json_schema_extra=APP_ONLY)
-    data_dir: str = Field("", json_schema_extra=APP_ONLY)
-    model: str = Field("auto", json_schema_extra=APP_ONLY)
-    loss: str = "cross-entropy"
-    metric: str = "accuracy"
-    partition: Literal["iid", "dirichlet", "quantity-dirichlet", "pathological"] = Field(
-        "iid", json_schema_extra=APP_ONLY
-    )
-    dirichlet_alpha: float = Field(1.0, gt=0, json_schema_extra=APP_ONLY)
-    dirichlet_convention: Literal["hsu", "per-class"] = Field("hsu", json_schema_extra=APP_ONLY)
-    classes_per_client: int = Field(2, ge=1, json_schema_extra=APP_ONLY)
-    test_split: Literal["standard", "holdout", "local"] = Field(
-        "standard", json_schema_extra=APP_ONLY
-    )
-    client_val_fraction: float = Field(0.1, ge=0, lt=1, json_schema_extra=APP_ONLY)
-    num_clients: int = Field(50, ge=1)
-
-    concurrency: int = Field(10, ge=1)
-    buffer_size: int = Field(5, ge=1)
-    local_epochs: int = Field(5, ge=1, json_schema_extra=CLIENT)
-    batch_size: int = Field(64, ge=1, json_schema_extra=CLIENT)
-    lr: float = Field(0.01, gt=0, json_schema_extra=CLIENT)  # decayed by the engine
-    lr_decay: float = Field(0.999, gt=0, le=1)
-    proximal_mu: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
-    optimizer: Literal["sgd", "adam"] = Field("sgd", json_schema_extra=CLIENT)
-    momentum: float = Field(0.0, ge=0, lt=1, json_schema_extra=CLIENT)
-    weight_decay: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
-    grad_clip: float = Field(0.0, ge=0, json_schema_extra=CLIENT)
-    local_steps: int = Field(0, ge=0, json_schema_extra=CLIENT)
-    server_step: Literal["spec", "client-lr"] = "spec"
-    client_threads: int = Field(1, ge=0, json_schema_extra=APP_ONLY)
-    trainer: Literal["auto", "autograd", "cohort"] = Field("auto", json_schema_extra=APP_ONLY)
-
-    dp_clipping: Literal["server", "client"] = "server"
-    dp_noise_multiplier: float = Field(0.0, ge=0)
-    dp_clipping_norm: float = Field(0.0, ge=0)
-    dp_target_delta: float = Field(1e-5, gt=0, lt=1)
-    dp_max_epsilon: float = Field(0.0, ge=0)
-    dp_noise_seed: int = Field(-1, ge=-1)
-    dp_accountant: Literal["rdp", "pld"] = "rdp"
-    dp_max_rejections: int = Field(3, ge=1)
-    dp_client_values: Literal["auto", "keep", "omit"] = "auto"
-    dp_secure_noise: bool = False
-
-    secure_aggregation: bool = False
-    secagg_privacy: int = Field(-1, ge=-1)  # T; -1: a third of the holders
-    secagg_recovery: int = Field(0, ge=0)  # U; 0: all but a third of the holders
-    secagg_clip_range: float = Field(0.0, ge=0)  # 0: dp-clipping-norm, else 1
-    secagg_precision_bits: int = Field(16, ge=1, le=24)
-    secagg_weight_bits: int = Field(10, ge=1, le=20)
-    secagg_min_clients: int = Field(2, ge=2)
-    secagg_min_weight_ratio: float = Field(0.0625, gt=0, le=1)  # a holder's smallest W / largest
-    secagg_wrong_answers: int = Field(1, ge=1)  # f: wrong holder answers a decode withstands
-    secagg_timeout: float = Field(60.0, gt=0)
-
-    clock: Literal["virtual", "wall"] = "virtual"
-    latency: Literal["uniform", "long-tail", "slow-fraction", "proportional"] = "uniform"
-    latency_min: float = Field(10.0, gt=0)
-    latency_max: float = Field(500.0, gt=0)
-    slow_fraction: float = Field(0.3, ge=0, le=1)
-    slow_factor: float = Field(5.0, ge=1)
-    latency_jitter: float = Field(0.0, ge=0, lt=1)
-    latency_step_time: float = Field(1.0, gt=0)
-    latency_network: float = Field(0.0, ge=0)
-
-    max_virtual_time: float = Field(43200.0, ge=0)
-    max_versions: int = Field(0, ge=0)
-    max_updates: int = Field(0, ge=0)
-    target_accuracy: float = Field(0.0, ge=0, le=1)
-    max_wall_seconds: float = Field(0.0, ge=0)
-
-    eval_interval: float = Field(1000.0, gt=0)
-    eval_target: Literal["auto", "global", "per-client"] = Field("auto", json_schema_extra=APP_ONLY)
-    eval_where: Literal["auto", "server", "clients"] = Field("auto", json_schema_extra=APP_ONLY)
-    eval_batch_size: int = Field(1024, ge=1, json_schema_extra=APP_ONLY)
-    progress_interval: float = Field(5.0, gt=0)
-
-    # Test-only: "kind@task,..." makes clients corrupt those tasks' replies on purpose.
-    test_faults: str = Field("", json_schema_extra=APP_ONLY)
-
-    checkpoint_every: int = Field(20, ge=0)
-    resume_from: str = ""
-    overwrite: bool = False
-    prefetch: bool = False
-
-    node_partitions: Literal["ask", "assign"] = "ask"
-    poll_interval: float = Field(0.02, gt=0, le=5)
-    node_wait_seconds: float = Field(120.0, gt=0)
-    task_ttl: float = Field(3600.0, gt=0)
-    task_timeout: float = Field(900.0, ge=0)
-
     @field_validator("dataset", "model", "loss", "metric")
     @classmethod
     def _named_or_reference(cls, value: str, info: ValidationInfo) -> str:
@@ -255,12 +311,6 @@ class RunConfig(KebabModel):
     def _consistent(self) -> RunConfig:
         _check_consistency(self)
         return self
-
-    @property
-    def clips(self) -> bool:
-        """Central DP's clipping is on (`dp-clipping-norm` > 0); noise too when
-        `dp-noise-multiplier` > 0."""
-        return self.dp_clipping_norm > 0
 
     @property
     def secagg_range(self) -> float:

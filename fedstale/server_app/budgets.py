@@ -3,6 +3,7 @@ spent its budget."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
@@ -10,7 +11,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import BudgetSettings, RunConfig
+
+log = logging.getLogger("fedstale")
 
 TIME_BUDGET = "time budget"
 
@@ -42,11 +45,11 @@ class Stopwatch:
             self.seconds[phase] += time.perf_counter() - start
 
 
-def time_budget(run: RunConfig) -> float:
+def time_budget(run: BudgetSettings) -> float:
     return run.max_virtual_time or math.inf
 
 
-def wall_budget(run: RunConfig) -> float:
+def wall_budget(run: BudgetSettings) -> float:
     """Seconds of wall clock the run may take in all, counted from its start (inf: no limit):
     `max-wall-seconds`, and on the wall clock `max-virtual-time` too."""
     budgets = [run.max_wall_seconds, run.max_virtual_time if run.clock == "wall" else 0.0]
@@ -54,7 +57,12 @@ def wall_budget(run: RunConfig) -> float:
 
 
 def spent(
-    run: RunConfig, version: int, accepted: int, wall_seconds: float, now: float, target_hit: bool
+    run: BudgetSettings,
+    version: int,
+    accepted: int,
+    wall_seconds: float,
+    now: float,
+    target_hit: bool,
 ) -> str:
     """Why the run stops now ("" while it goes on): versions, updates, wall seconds, the
     wall clock's time budget, or the target accuracy, in that order."""
@@ -69,3 +77,23 @@ def spent(
     if target_hit:
         return f"target accuracy {run.target_accuracy}"
     return ""
+
+
+def warn_wait_against_budget(run: RunConfig, found: int) -> None:
+    """Say before waiting when the wait for the clients still missing (`found` of
+    `num-clients` have a node) could take half the run's wall-clock budget or more (the
+    budget counts the wait)."""
+    wanted, budget, wait = run.num_clients, wall_budget(run), run.node_wait_seconds
+    if found >= wanted or wait < budget / 2:
+        return
+    left = max(budget - wait, 0.0)
+    log.warning(
+        "waiting up to %g s (node-wait-seconds) for %d clients (%d answered so far), but the "
+        "run's wall-clock budget is %g s and counts the wait: if they are late, %g s are "
+        "left to train; start every node first, lower node-wait-seconds or raise the budget",
+        wait,
+        wanted,
+        found,
+        budget,
+        left,
+    )

@@ -22,7 +22,7 @@ from fedstale.common.files import write_atomically
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.results import CHECKPOINT_FILE
 from fedstale.strategies.base import load_state, state_of
-from fedstale.strategies.registry import rule_named
+from fedstale.strategies.registry import rule_named, with_new_names
 
 log = logging.getLogger("fedstale")
 # 3: strategies keep Buffer objects and their `kept` attributes as they are (deques too).
@@ -61,7 +61,7 @@ def snapshot(engine: Engine, run_dir: Path, metric_rows: int, update_rows: int) 
         strategy=engine.run.strategy,
         run_dir=str(run_dir),
         engine_state=engine.state(),
-        clock_state=engine.clock.state(),
+        clock_state=engine.standing.clock.state(),
         strategy_state=state_of(engine.strategy, public_state(engine)),
         in_flight=sorted(t.client for t in engine.tasks.values()),
         metric_rows=metric_rows,
@@ -135,7 +135,7 @@ def check_resumable(checkpoint: Checkpoint, folder: Path, settings: dict[str, An
     config = folder / "config.json"
     if not config.is_file():
         raise ConfigError(f"resume-from: {folder} has no config.json; name the run's own folder")
-    saved = json.loads(config.read_text(encoding="utf-8"))
+    saved = with_new_names(json.loads(config.read_text(encoding="utf-8")), say=False)
     key = first_difference(saved, settings)
     if key is not None:
         raise ConfigError(
@@ -172,7 +172,7 @@ def restore(engine: Engine, checkpoint: Checkpoint) -> None:
         )
     load_state(engine.strategy, checkpoint.strategy_state)
     engine.load_state(checkpoint.engine_state)
-    engine.clock.load_state(checkpoint.clock_state)
+    engine.standing.clock.load_state(checkpoint.clock_state)
     engine.counters.failed += len(checkpoint.in_flight)
     for client in checkpoint.in_flight:
         engine.task_lost(client)

@@ -87,60 +87,65 @@ class AppDoor(Door):
     """fedstale's own ServerApp (`fedstale run`, `--local`, `deploy`): the dataset and
     model come from the run config, and every client's data size is known."""
 
-    def __init__(self, transport: Transport | None, label: str = "") -> None:
+    def __init__(self, run: RunConfig, transport: Transport | None, label: str = "") -> None:
+        self.run = run
         self.given = transport  # None: a door that only checks a run (`fedstale check`)
         self.label = label
         self.torch_model: torch.nn.Module | None = None
 
-    def transport(self, run: RunConfig) -> Transport:
+    def transport(self) -> Transport:
         assert self.given is not None, "a door without a transport only checks a run"
         return self.given
 
-    def name(self, run: RunConfig) -> str:
-        return run_name(run)
+    def name(self) -> str:
+        return run_name(self.run)
 
-    def nodes(self, run: RunConfig) -> Nodes | None:
+    def nodes(self) -> Nodes | None:
         """`node-partitions=assign`: partitions assigned in node order, named in messages."""
-        return AssignedNodes(run.num_clients) if run.node_partitions == "assign" else None
+        return AssignedNodes(self.run.num_clients) if self.run.node_partitions == "assign" else None
 
-    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
-        return settings_of(run, params, name)
+    def settings(self, params: KebabModel, name: str) -> dict[str, Any]:
+        return settings_of(self.run, params, name)
 
-    def refuse(self, run: RunConfig) -> None:
-        require_dataset(run)
+    def refuse(self) -> None:
+        require_dataset(self.run)
 
-    def config_extras(self, run: RunConfig) -> dict[str, Any]:
-        split = effective_test_split(run)
-        if split != run.test_split:
-            log.warning("%s has no standard test split: testing on a 10%% holdout", run.dataset)
+    def config_extras(self) -> dict[str, Any]:
+        split = effective_test_split(self.run)
+        if split != self.run.test_split:
+            log.warning(
+                "%s has no standard test split: testing on a 10%% holdout", self.run.dataset
+            )
         return {"test-split-effective": split}
 
-    def model(self, run: RunConfig) -> Model:
-        self.torch_model = run_model(run)  # the one model the server scores and sketches with
+    def model(self) -> Model:
+        self.torch_model = run_model(self.run)  # the one model the server scores and sketches with
         return Model(ParamLayout.of(self.torch_model), get_flat(self.torch_model))
 
     def module(self) -> torch.nn.Module:
         assert self.torch_model is not None, "model() comes first"
         return self.torch_model
 
-    def setup(self, run: RunConfig, model: Model) -> Setup:
-        return setup_for(run, model.layout)
+    def setup(self, model: Model) -> Setup:
+        return setup_for(self.run, model.layout)
 
-    def services(self, run: RunConfig, model: Model) -> ModelServices:
-        return services_for(run, self.module())
+    def services(self, model: Model) -> ModelServices:
+        return services_for(self.run, self.module())
 
-    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
-        return make_evaluator(run, self.module())
+    def evaluator(self, model: Model, version: Callable[[], int]) -> Evaluator:
+        return make_evaluator(self.run, self.module())
 
-    def client_scorer(self, run: RunConfig) -> ClientScorer:
-        return make_client_scorer(run, self.module())
+    def client_scorer(self) -> ClientScorer:
+        return make_client_scorer(self.run, self.module())
 
-    def plot_title(self, run: RunConfig) -> str:
-        return f"{run.strategy} on {run.dataset}"
+    def plot_title(self) -> str:
+        return f"{self.run.strategy} on {self.run.dataset}"
 
-    def started(self, run: RunConfig, engine: Engine) -> None:
-        if run.test_faults:
-            log.warning("test-faults is set: clients corrupt tasks %s on purpose", run.test_faults)
+    def started(self, engine: Engine) -> None:
+        if self.run.test_faults:
+            log.warning(
+                "test-faults is set: clients corrupt tasks %s on purpose", self.run.test_faults
+            )
 
     def looping(self) -> AbstractContextManager[Any]:
         return blas_threads(1)
@@ -148,7 +153,7 @@ class AppDoor(Door):
 
 def prepare(run: RunConfig, params: KebabModel) -> None:
     """Everything that can refuse the run before its folder is touched (`fedstale check`)."""
-    lifecycle.prepare(AppDoor(None), run, params)
+    lifecycle.prepare(AppDoor(run, None), params)
 
 
 def run_experiment(
@@ -158,4 +163,4 @@ def run_experiment(
     runs share one stderr)."""
     if not log.level:
         log.setLevel(logging.INFO)
-    return lifecycle.run_through(AppDoor(transport, label), run, params)
+    return lifecycle.run_through(AppDoor(run, transport, label), params)

@@ -25,7 +25,6 @@ and reports the epsilon spent.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable
 from typing import Any
 
@@ -69,11 +68,9 @@ class FixedClipping:
         self.clipping_norm = clipping_norm
         self.num_sampled_clients = num_sampled_clients
         self.accountant = accountant
-        self.strategy = copy.copy(strategy)  # the user's object keeps its own settings
-        self.strategy.settings = {**strategy.settings, **self.dp_settings()}
-        self.strategy.per_release = num_sampled_clients
-        self.strategy.accountant = accountant
-        self.strategy.check_settings()  # a rule that cannot take DP is refused here
+        # A copy: the user's object keeps its own settings; a rule that cannot take DP is
+        # refused here.
+        self.strategy = strategy.with_privacy(self.dp_settings(), num_sampled_clients, accountant)
         self.result: AsyncResult | None = None
 
     def dp_settings(self) -> dict[str, Any]:

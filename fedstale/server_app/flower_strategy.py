@@ -13,16 +13,17 @@ Nodes become clients 0..n-1 in the order they appear (nodes.py, NodesInOrder).
 
 from __future__ import annotations
 
+import difflib
 import functools
-import inspect
 import logging
 import math
+import textwrap
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import numpy as np
 import torch
@@ -30,12 +31,20 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import Result
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from fedstale.common.config import (
     FIX_HINT,
+    BudgetSettings,
     ConfigError,
     KebabModel,
+    LatencySettings,
+    PrivacySettings,
     RunConfig,
+    RunSettings,
+    SecureSettings,
+    TrainingSettings,
+    describe_validation_error,
 )
 from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
@@ -53,27 +62,48 @@ from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.stages.central_dp import CentralDP
 from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import ModelServices, Setup, TorchModel
-from fedstale.strategies.registry import STRATEGIES, load_config, rule_named
+from fedstale.strategies.registry import STRATEGIES, load_config, rule_named, with_new_names
 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
 EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 ShouldStop = Callable[[int, Result], bool]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
-# Where the library's defaults differ from the run config's: a Flower user's server runs on
-# the wall clock, with no virtual-time budget and no lr decay unless asked.
-LIBRARY_DEFAULTS: dict[str, Any] = {"clock": "wall", "lr-decay": 1.0, "max-virtual-time": 0.0}
-CAPABILITY_ARGUMENTS = {"model_fn", "input_shape", "edges"}  # ServerModel's, Topology's
-# Defaults that come from `start` (None in the classes' signatures): lr from train_config
-# (else 0.01), max-versions from num_rounds, both timeouts from timeout, eval-interval
-# WALL_EVAL_SECONDS on the wall clock (else the run config's).
-FROM_START = ("lr", "max-versions", "task-timeout", "task-ttl", "eval-interval")
+OWN_ARGUMENTS = ("num_clients", "min_available_nodes", "fraction_evaluate")
 
 
-class AsyncStrategy:
-    """A fedstale rule driving any Flower ClientApp. Keyword arguments are fedstale's run
-    config keys in snake_case (`buffer_size=5`, `fedbuff_server_lr=0.5`, `clock="virtual"`);
-    see docs/library.md; each rule's class (library.py) declares them typed.
+class LibraryArguments(
+    RunSettings, TrainingSettings, PrivacySettings, SecureSettings, LatencySettings, BudgetSettings
+):
+    """Every run-config key a library run reads (fedstale's own app's keys are left out),
+    in snake_case, with the run config's defaults, except: a Flower user's server runs on
+    the wall clock, with no virtual-time budget and no lr decay unless asked; None comes
+    from `start` (lr from train_config, else 0.01; max_versions from num_rounds; task_timeout
+    and task_ttl from timeout; eval_interval 10 s on the wall clock). And the library's own:
+    `num_clients` (default: every node online once `min_available_nodes` are) and
+    `fraction_evaluate` (Flower evaluate messages to the nodes with the final model). The
+    values are checked as the run config's are, when the class is made."""
+
+    model_config = ConfigDict(protected_namespaces=(), arbitrary_types_allowed=True)
+
+    num_clients: int | None = None  # type: ignore[assignment]
+    min_available_nodes: int = 2
+    fraction_evaluate: float = 1.0
+    clock: Literal["virtual", "wall"] = "wall"
+    lr_decay: float = 1.0
+    max_virtual_time: float = 0.0
+    lr: float | None = None  # type: ignore[assignment]
+    max_versions: int | None = None  # type: ignore[assignment]
+    task_timeout: float | None = None  # type: ignore[assignment]
+    task_ttl: float | None = None  # type: ignore[assignment]
+    eval_interval: float | None = None  # type: ignore[assignment]
+
+
+class AsyncStrategy(LibraryArguments):
+    """A fedstale rule driving any Flower ClientApp. Its keyword arguments are fedstale's
+    run config keys in snake_case (`buffer_size=5`, `fedbuff_server_lr=0.5`,
+    `clock="virtual"`): `LibraryArguments` and the rule's own `Params`, which each rule's
+    class (library.py) is made of; see docs/library.md.
 
     Not a subclass of Flower's `Strategy`: Flower's contract is rounds (`configure_train`
     sends a round's messages, `aggregate_train` folds that round's replies), and an
@@ -81,38 +111,98 @@ class AsyncStrategy:
     is current then. What it keeps of Flower's Strategy is what a ServerApp calls: `start`
     with Flower's arguments (and 1.43's `should_stop`), returning Flower's `Result`,
     `summary`, and Flower's federated evaluation (`configure_evaluate`,
-    `aggregate_evaluate`). Also: `num_clients` (default: every node online once
-    `min_available_nodes` are), `fraction_evaluate` (Flower evaluate messages to the nodes
-    with the final model). A rule's capabilities add their own arguments to its class
-    (library_classes): `model_fn` and `input_shape` where it computes on the model at the
-    server (ServerModel: FedPSA), `edges` (client -> edge) where it has a Topology."""
+    `aggregate_evaluate`). A rule's capabilities add their own arguments to its class:
+    `model_fn` and `input_shape` where it computes on the model at the server
+    (`ServerModelArguments`: FedPSA), `edges` (client -> edge) where it has a Topology."""
 
     rule: ClassVar[str]
     # Set by the DP wrappers (flower_privacy.py): Flower's num_sampled_clients, checked
     # against the rule's updates per release, and the accountant the releases compose into.
-    per_release: int | None = None
-    accountant: Any = None
+    _per_release: int | None = PrivateAttr(default=None)
+    _accountant: Any = PrivateAttr(default=None)
 
-    def __init__(
-        self,
-        *,
-        num_clients: int | None = None,
-        min_available_nodes: int = 2,
-        fraction_evaluate: float = 1.0,
-        **settings: Any,
-    ) -> None:
-        self.num_clients = num_clients
-        self.min_available_nodes = max(1, min_available_nodes)
-        self.fraction_evaluate = fraction_evaluate
-        self.settings = {key.replace("_", "-"): value for key, value in settings.items()}
-        self.check_client_halves()
-        self.check_settings()
+    if not TYPE_CHECKING:  # a type checker reads the fields' own __init__
+
+        def __init__(self, **given: Any) -> None:
+            try:
+                super().__init__(**type(self).arguments_of(given))
+            except ValidationError as err:
+                message = describe_validation_error(err).replace("run config: ", "", 1)
+                fix = f"fix {type(self).__name__}(...)'s arguments"
+                raise ConfigError(
+                    f"{type(self).__name__}: {message.replace(FIX_HINT, fix)}"
+                ) from None
+            self.check_client_halves()
+            self.check_settings()
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        """A rule's class without a docstring of its own takes its rule's `about`."""
+        super().__pydantic_init_subclass__(**kwargs)
+        if "rule" in cls.__dict__ and cls.__dict__.get("__doc__") is None:
+            cls.__doc__ = described(cls)
+
+    @classmethod
+    def arguments_of(cls, given: Mapping[str, Any]) -> dict[str, Any]:
+        """`given` with a renamed key's old name under its new one (one line saying so),
+        or one ConfigError line naming an unknown argument and the closest known one."""
+        kebab = with_new_names({key.replace("_", "-"): v for key, v in given.items()})
+        named = {key.replace("-", "_"): value for key, value in kebab.items()}
+        known = list(cls.model_fields)
+        for name in sorted(set(named) - set(known)):
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else "see docs/library.md"
+            raise ConfigError(f"{cls.__name__}: unknown argument '{name}'; {hint}")
+        return named
 
     # ---------------------------------------------------------------- configuration
+    @property
+    def settings(self) -> dict[str, Any]:
+        """The run-config keys given (kebab-case), other than None and their defaults."""
+        fields = type(self).model_fields
+        return {
+            key: value
+            for key, value in self.run_values().items()
+            if key.replace("-", "_") in self.model_fields_set
+            and value != fields[key.replace("-", "_")].default
+        }
+
+    @classmethod
+    def rule_keys(cls) -> list[str]:
+        """The rule's own keys, by field name."""
+        return list(STRATEGIES[cls.rule].Params.model_fields)
+
+    def run_values(self) -> dict[str, Any]:
+        """Every run-config key this class holds (kebab-case; None: from `start`, left
+        out), the library's own arguments and the capabilities' apart."""
+        keys = (set(RunConfig.model_fields) | set(type(self).rule_keys())) - set(OWN_ARGUMENTS)
+        held = {name: getattr(self, name) for name in type(self).model_fields if name in keys}
+        return {name.replace("_", "-"): v for name, v in held.items() if v is not None}
+
+    @property
+    def per_release(self) -> int | None:
+        return self._per_release
+
+    @property
+    def accountant(self) -> Any:
+        return self._accountant
+
+    def with_privacy(
+        self, settings: Mapping[str, Any], per_release: int, accountant: Any
+    ) -> AsyncStrategy:
+        """A copy under central DP (the DP wrappers'): `settings` its dp- keys, Flower's
+        num_sampled_clients and accountant; one ConfigError line where the rule cannot
+        take it. The user's object keeps its own settings."""
+        update = {key.replace("-", "_"): value for key, value in settings.items()}
+        private = self.model_copy(update=update)
+        private._per_release, private._accountant = per_release, accountant
+        private.check_settings()
+        return private
+
     def check_settings(self) -> None:
         """Refuse here, not at start, settings that cannot run (a latency profile it cannot
         simulate, DP on a rule that cannot take it)."""
-        placeholder = max(self.min_available_nodes, int(self.settings.get("concurrency", 10)))
+        placeholder = max(self.min_available_nodes, self.concurrency)
         run, _ = self.run_config(self.num_clients or placeholder, 1, 3600.0, {})
         profile_for(run)
 
@@ -128,23 +218,25 @@ class AsyncStrategy:
         self, num_clients: int, num_rounds: int, timeout: float, train_config: Mapping[str, Any]
     ) -> tuple[RunConfig, KebabModel]:
         """The run config of one `start` over `num_clients` nodes, or one ConfigError line.
-        `concurrency` (default 10) is capped at the number of clients."""
+        `concurrency` is capped at the number of clients."""
         every_client = rule_named(self.rule).topology  # every client trains at once
-        wanted = num_clients if every_client else int(self.settings.get("concurrency", 10))
+        wanted = num_clients if every_client else self.concurrency
         if wanted > num_clients:
             log.warning("concurrency %d capped at the %d clients online", wanted, num_clients)
-        wall = self.settings.get("clock", LIBRARY_DEFAULTS["clock"]) == "wall"
-        values: dict[str, Any] = {
-            "strategy": self.rule,
-            **LIBRARY_DEFAULTS,
-            "num-clients": num_clients,
+        wall = self.clock == "wall"
+        from_start = {
             "lr": train_config.get("lr", 0.01),
             "max-versions": num_rounds,
             "task-timeout": timeout,
             "task-ttl": timeout,
             "eval-interval": WALL_EVAL_SECONDS if wall else RunConfig().eval_interval,
+        }
+        values: dict[str, Any] = {
+            "strategy": self.rule,
+            **from_start,
+            **self.run_values(),
+            "num-clients": num_clients,
             "eval-target": "global",
-            **self.settings,
             "concurrency": min(wanted, num_clients),
         }
         try:
@@ -158,12 +250,12 @@ class AsyncStrategy:
     def check_release(self, run: RunConfig) -> None:
         """Flower's num_sampled_clients (the DP wrappers') is the rule's updates per release."""
         release = rule_named(self.rule).dp
-        if self.per_release is None or release is None:
+        if self._per_release is None or release is None:
             return
         actual = release.per_release(run)
-        if actual != self.per_release:
+        if actual != self._per_release:
             raise ConfigError(
-                f"num_sampled_clients={self.per_release}, but {type(self).__name__} releases "
+                f"num_sampled_clients={self._per_release}, but {type(self).__name__} releases "
                 f"{actual} updates at a time here (buffer_size, or concurrency for FedAvg); "
                 f"pass num_sampled_clients={actual}"
             )
@@ -238,11 +330,12 @@ class AsyncStrategy:
         calls: tuple[EvaluateFn | None, ShouldStop | None],
     ) -> Result:
         user_config = dict(configs[0])
-        nodes = wait_for_nodes(grid, self.num_clients or self.min_available_nodes, self.settings)
+        wanted = self.num_clients or self.min_available_nodes
+        nodes = wait_for_nodes(grid, wanted, self.node_wait_seconds)
         run, params = self.run_config(self.num_clients or nodes, num_rounds, timeout, user_config)
         arrays = from_array_record(initial_arrays)
-        door = LibraryDoor(self, grid, arrays, user_config, *calls)
-        lifecycle.run_through(door, run, params)
+        door = LibraryDoor(run, self, grid, arrays, user_config, *calls)
+        lifecycle.run_through(door, params)
         self.evaluate_clients(grid, door.engine_version, door.result, configs[1], timeout)
         return door.result
 
@@ -262,23 +355,6 @@ class AsyncStrategy:
             result.evaluate_metrics_clientapp[version] = metrics
 
 
-def given_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
-    """A generated class's `locals()` (library.py) as AsyncStrategy's keywords: its own
-    arguments, and the settings given other than their defaults (None: from `start`)."""
-    cls = arguments.pop("__class__")
-    arguments.pop("self")
-    defaults = {
-        name: parameter.default
-        for name, parameter in inspect.signature(cls.__init__).parameters.items()
-    }
-    own = set(inspect.signature(AsyncStrategy.__init__).parameters) | CAPABILITY_ARGUMENTS
-    return {
-        name: value
-        for name, value in arguments.items()
-        if name in own or (value is not None and value != defaults[name])
-    }
-
-
 def number(metrics: MetricRecord, key: str) -> float:
     value = metrics.get(key)
     return float(value) if isinstance(value, int | float) else math.nan
@@ -288,9 +364,9 @@ def array_record_of(flat: np.ndarray, layout: ParamLayout, contract: FlowerContr
     return to_array_record(contract.outgoing(layout.unflatten(flat)))
 
 
-def wait_for_nodes(grid: Grid, wanted: int, settings: Mapping[str, Any]) -> int:
-    """How many nodes are online once `wanted` are, or one EngineError line."""
-    wait = float(settings.get("node-wait-seconds", RunConfig().node_wait_seconds))
+def wait_for_nodes(grid: Grid, wanted: int, wait: float) -> int:
+    """How many nodes are online once `wanted` are (waiting `wait` seconds at most), or one
+    EngineError line."""
     deadline = time.monotonic() + wait
     while True:
         found = len(list(grid.get_node_ids()))
@@ -350,6 +426,7 @@ class LibraryDoor(Door):
     ClientApp answering Flower's train message; the clients' data sizes are unknown. What
     the run gives back is in `result` (and the final version in `engine_version`)."""
 
+    run: RunConfig
     strategy: AsyncStrategy
     grid: Grid
     arrays: dict[str, np.ndarray]
@@ -367,31 +444,35 @@ class LibraryDoor(Door):
         self.flower = FlowerContract(self.user_config, dtypes, self.strategy.hints())
         self.contract = self.flower
 
-    def name(self, run: RunConfig) -> str:
-        return run.run_name or f"{run.strategy}-s{run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+    def name(self) -> str:
+        return (
+            self.run.run_name
+            or f"{self.run.strategy}-s{self.run.seed}-{time.strftime('%Y%m%d-%H%M%S')}"
+        )
 
-    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
-        settings = settings_of(run, params, name)
+    def settings(self, params: KebabModel, name: str) -> dict[str, Any]:
+        settings = settings_of(self.run, params, name)
         return {k: v for k, v in settings.items() if k not in RunConfig.app_only_keys()}
 
-    def config_extras(self, run: RunConfig) -> dict[str, Any]:
+    def config_extras(self) -> dict[str, Any]:
         return {"train-config": self.user_config}
 
-    def transport(self, run: RunConfig) -> Transport:
-        return GridTransport(self.grid, run.task_ttl)
+    def transport(self) -> Transport:
+        return GridTransport(self.grid, self.run.task_ttl)
 
-    def nodes(self, run: RunConfig) -> Nodes:
+    def nodes(self) -> Nodes:
         edges = self.strategy.edges if isinstance(self.strategy, TopologyArguments) else {}
-        return NodesInOrder(run.num_clients, edge_of=dict(edges))
+        edges = dict(edges)
+        return NodesInOrder(self.run.num_clients, edge_of=dict(edges))
 
-    def model(self, run: RunConfig) -> Model:
+    def model(self) -> Model:
         return Model(self.layout, self.layout.flatten(self.arrays))
 
-    def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
-        self.run_recorder = ResultRecorder(claim_run_dir(run, name), kept)
+    def recorder(self, name: str, kept: dict[str, list[str]]) -> RunRecorder:
+        self.run_recorder = ResultRecorder(claim_run_dir(self.run, name), kept)
         return self.run_recorder
 
-    def started(self, run: RunConfig, engine: Engine) -> None:
+    def started(self, engine: Engine) -> None:
         should_stop = self.should_stop
         if should_stop is None:
             return
@@ -412,26 +493,26 @@ class LibraryDoor(Door):
             metrics = self.run_recorder.train_metrics(self.flower.metrics)
             self.result.train_metrics_clientapp.update(metrics)
 
-    def accountant(self, run: RunConfig) -> Any:
+    def accountant(self) -> Any:
         accountant = self.strategy.accountant
-        if accountant is not None and accountant.config.population_size != run.num_clients:
+        if accountant is not None and accountant.config.population_size != self.run.num_clients:
             raise ConfigError(
                 f"the accountant's population_size is {accountant.config.population_size}, "
-                f"but {run.num_clients} clients take part; make PrivacyConfig("
-                f"population_size={run.num_clients}, ...)"
+                f"but {self.run.num_clients} clients take part; make PrivacyConfig("
+                f"population_size={self.run.num_clients}, ...)"
             )
         return accountant
 
-    def setup(self, run: RunConfig, model: Model) -> Setup:
+    def setup(self, model: Model) -> Setup:
         """The layout, and uniform client sizes: a Flower ClientApp's data sizes are unknown
         until it answers."""
         return Setup(
             segments=tuple(model.layout.segments),
-            client_sizes=np.ones(run.num_clients),
+            client_sizes=np.ones(self.run.num_clients),
             sizes_known=False,
         )
 
-    def services(self, run: RunConfig, model: Model) -> ModelServices:
+    def services(self, model: Model) -> ModelServices:
         """The user's model where `model_fn` and `input_shape` were given (built once, when
         the rule first asks); no held-out data (only fedstale's own app has a test split)."""
         strategy = self.strategy
@@ -443,7 +524,7 @@ class LibraryDoor(Door):
         def torch_model() -> TorchModel:
             if model_fn is None or input_shape is None:
                 raise ConfigError(
-                    f"{run.strategy} computes on the model at the server: pass "
+                    f"{self.run.strategy} computes on the model at the server: pass "
                     f"{type(strategy).__name__}(model_fn=<your model factory>, "
                     "input_shape=<one sample's shape>)"
                 )
@@ -452,13 +533,13 @@ class LibraryDoor(Door):
 
         def no_held_out(setting: str) -> Any:
             raise ConfigError(
-                f"{run.strategy}: {setting} needs held-out data at the server, which only "
+                f"{self.run.strategy}: {setting} needs held-out data at the server, which only "
                 "fedstale's own app has; leave it out here, or run with `fedstale run`"
             )
 
         return ModelServices(model=torch_model, held_out=no_held_out)
 
-    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
+    def evaluator(self, model: Model, version: Callable[[], int]) -> Evaluator:
         """The engine's scorer: `evaluate_fn(version, arrays)`, its MetricRecord kept in
         the Result by version; "accuracy" and "loss" from it go to metrics.jsonl."""
         evaluate_fn, result, contract = self.evaluate_fn, self.result, self.flower
@@ -474,7 +555,7 @@ class LibraryDoor(Door):
 
         return score
 
-    def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
+    def finished(self, engine: Engine, recorder: RunRecorder) -> None:
         self.collect(engine)
         privacy = engine.stages.find(CentralDP)
         if privacy is not None and privacy.epsilon() is not None:
@@ -484,26 +565,34 @@ class LibraryDoor(Door):
 # ---------------------------------------------------------------- the rules, by name
 
 
-class ServerModelArguments(AsyncStrategy):
+class ServerModelArguments(BaseModel):
     """The arguments of a rule that computes on the model at the server (ServerModel):
     `model_fn` builds your model, `input_shape` is one sample's shape."""
 
-    def __init__(
-        self,
-        *,
-        model_fn: Callable[[], torch.nn.Module] | None = None,
-        input_shape: Sequence[int] | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.model_fn = model_fn
-        self.input_shape = tuple(input_shape) if input_shape is not None else None
-        super().__init__(**kwargs)
+    model_config = ConfigDict(protected_namespaces=(), arbitrary_types_allowed=True)
+
+    model_fn: Callable[[], torch.nn.Module] | None = None
+    input_shape: Sequence[int] | None = None
+
+    @field_validator("input_shape")
+    @classmethod
+    def _as_tuple(cls, shape: Sequence[int] | None) -> tuple[int, ...] | None:
+        return tuple(shape) if shape is not None else None
 
 
-class TopologyArguments(AsyncStrategy):
+class TopologyArguments(BaseModel):
     """The argument of a rule with edges (Topology): `edges`, client -> edge (default:
     seeded groups, or the `edge-id` each node declares)."""
 
-    def __init__(self, *, edges: Mapping[int, int] | None = None, **kwargs: Any) -> None:
-        self.edges = dict(edges or {})
-        super().__init__(**kwargs)
+    edges: Mapping[int, int] = Field(default_factory=dict)
+
+
+def described(cls: type[AsyncStrategy]) -> str:
+    """A rule's class's docstring: its rule's `about`, and which keys are its own."""
+    about = rule_named(cls.rule).about.strip()
+    first, _, rest = about.partition("\n")
+    own = ", ".join(cls.rule_keys()) or "none"
+    return (
+        f"{first}\n{textwrap.dedent(rest)}\n\nIts own keys: {own}; the others are every "
+        "rule's (docs/library.md)."
+    )

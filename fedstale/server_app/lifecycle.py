@@ -35,10 +35,12 @@ from fedstale.common.files import resume_folder
 from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.server_app import checkpoint
-from fedstale.server_app.contract import Contract
-from fedstale.server_app.engine import Engine
+from fedstale.server_app.contract import Contract, FedstaleContract
+from fedstale.server_app.engine import Engine, Listeners
+from fedstale.server_app.evaluation import Scoreboard
+from fedstale.server_app.federation import Federation
 from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
-from fedstale.server_app.nodes import Nodes
+from fedstale.server_app.nodes import NodeBook, Nodes
 from fedstale.server_app.progress import Progress, ProgressBar, progress_for
 from fedstale.server_app.provenance import provenance
 from fedstale.server_app.results import (
@@ -71,56 +73,57 @@ class Door(ABC):
     """What one way into the engine supplies. Called in the lifecycle's order: `name`,
     `settings` and `refuse` before the folder is claimed; the rest after."""
 
+    run: RunConfig  # the one run this door lets in
     contract: Contract | None = None  # None: fedstale's own task and reply format
     label = ""  # names the run in its progress lines instead of the rule (a grid's runs)
 
     @abstractmethod
-    def transport(self, run: RunConfig) -> Transport: ...
+    def transport(self) -> Transport: ...
 
-    def nodes(self, run: RunConfig) -> Nodes | None:
+    def nodes(self) -> Nodes | None:
         """How nodes map to clients (None: each node names its partition)."""
         return None
 
     @abstractmethod
-    def name(self, run: RunConfig) -> str:
+    def name(self) -> str:
         """The run folder's name."""
 
     @abstractmethod
-    def settings(self, run: RunConfig, params: KebabModel, name: str) -> dict[str, Any]:
+    def settings(self, params: KebabModel, name: str) -> dict[str, Any]:
         """config.json's settings; a resumed run must have been written with the same."""
 
-    def refuse(self, run: RunConfig) -> None:
+    def refuse(self) -> None:
         """Raise ConfigError on what refuses the run before its folder is touched."""
 
-    def config_extras(self, run: RunConfig) -> dict[str, Any]:
+    def config_extras(self) -> dict[str, Any]:
         """Entries config.json holds beside the settings and the provenance."""
         return {}
 
     @abstractmethod
-    def model(self, run: RunConfig) -> Model: ...
+    def model(self) -> Model: ...
 
     @abstractmethod
-    def setup(self, run: RunConfig, model: Model) -> Setup:
+    def setup(self, model: Model) -> Setup:
         """What every rule may take before the run (Strategy.bind)."""
 
     @abstractmethod
-    def services(self, run: RunConfig, model: Model) -> ModelServices:
+    def services(self, model: Model) -> ModelServices:
         """What a rule computing on the model at the server takes (ServerModel)."""
 
     @abstractmethod
-    def evaluator(self, run: RunConfig, model: Model, version: Callable[[], int]) -> Evaluator:
+    def evaluator(self, model: Model, version: Callable[[], int]) -> Evaluator:
         """The global model's scorer; `version()` is the engine's version at the call."""
 
-    def client_scorer(self, run: RunConfig) -> ClientScorer | None:
+    def client_scorer(self) -> ClientScorer | None:
         return None
 
-    def recorder(self, run: RunConfig, name: str, kept: dict[str, list[str]]) -> RunRecorder:
-        return RunRecorder(claim_run_dir(run, name), kept)
+    def recorder(self, name: str, kept: dict[str, list[str]]) -> RunRecorder:
+        return RunRecorder(claim_run_dir(self.run, name), kept)
 
-    def plot_title(self, run: RunConfig) -> str:
-        return run.strategy
+    def plot_title(self) -> str:
+        return self.run.strategy
 
-    def accountant(self, run: RunConfig) -> Any:
+    def accountant(self) -> Any:
         """The privacy accountant to compose the run's releases into (None: a new one from
         the run config, when the run adds noise)."""
         return None
@@ -129,10 +132,10 @@ class Door(ABC):
         """What holds while the engine loops."""
         return nullcontext()
 
-    def started(self, run: RunConfig, engine: Engine) -> None:
+    def started(self, engine: Engine) -> None:
         """The engine is built and resumed, the loop about to start."""
 
-    def finished(self, run: RunConfig, engine: Engine, recorder: RunRecorder) -> None:
+    def finished(self, engine: Engine, recorder: RunRecorder) -> None:
         """The loop ended; the summary, model and plot are written after this."""
 
 
@@ -154,39 +157,40 @@ def prepare_folder(
 
 
 def prepare(
-    door: Door, run: RunConfig, params: KebabModel
+    door: Door, params: KebabModel
 ) -> tuple[str, dict[str, Any], checkpoint.Checkpoint | None, dict[str, list[str]]]:
     """Everything that can refuse the run before its folder is touched."""
+    run = door.run
     check_budget(run)  # before any folder: a refused budget leaves no runs directory
-    name = door.name(run)
-    settings = door.settings(run, params, name)
+    name = door.name()
+    settings = door.settings(params, name)
     resumed, kept = prepare_folder(run, settings, name)
     if resumed is not None:
-        check_resume(run, resumed.engine_state.get("privacy"), door.accountant(run))
-    door.refuse(run)
+        check_resume(run, resumed.engine_state.get("privacy"), door.accountant())
+    door.refuse()
     return name, settings, resumed, kept
 
 
-def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any]:
-    """One run from its config to its summary."""
+def run_through(door: Door, params: KebabModel) -> dict[str, Any]:
+    """The door's run from its config to its summary."""
     started = time.monotonic()
-    name, settings, resumed, kept = prepare(door, run, params)
-    recorder = door.recorder(run, name, kept)
+    name, settings, resumed, kept = prepare(door, params)
+    recorder = door.recorder(name, kept)
     looped, progress = False, None
     try:
-        recorder.write_config({**settings, **door.config_extras(run), "provenance": provenance()})
-        engine, progress = build_engine(door, run, params, recorder)
+        recorder.write_config({**settings, **door.config_extras(), "provenance": provenance()})
+        engine, progress = build_engine(door, params, recorder)
         if resumed is not None:
             checkpoint.restore(engine, resumed)
-        log.info("run %s: %s, results in %s", name, run.strategy, recorder.dir)
-        door.started(run, engine)
+        log.info("run %s: %s, results in %s", name, door.run.strategy, recorder.dir)
+        door.started(engine)
         looped = True
         with Heartbeat(recorder.dir / HEARTBEAT_FILE), door.looping():
             engine.run_loop()
         progress.close()  # before the closing lines, which a live bar would hold back
         progress = None
-        door.finished(run, engine, recorder)
-        return finish(door, run, engine, recorder, time.monotonic() - started)
+        door.finished(engine, recorder)
+        return finish(door, engine, recorder, time.monotonic() - started)
     except BaseException:
         if not looped and resumed is None:  # failed before it ran: no half-written folder
             recorder.discard()
@@ -198,21 +202,22 @@ def run_through(door: Door, run: RunConfig, params: KebabModel) -> dict[str, Any
 
 
 def build_engine(
-    door: Door, run: RunConfig, params: KebabModel, recorder: RunRecorder
+    door: Door, params: KebabModel, recorder: RunRecorder
 ) -> tuple[Engine, Progress | ProgressBar]:
     """The rule built and bound, and the engine around it with its progress display (shown
     from here on: whoever builds it closes it)."""
-    model = door.model(run)
+    run = door.run
+    model = door.model()
     strategy = build_strategy(run, params, model.initial)
-    setup = door.setup(run, model)
+    setup = door.setup(model)
     strategy.bind(setup)
     if isinstance(strategy, ServerModel):
-        strategy.bind_services(door.services(run, model))
-    transport = door.transport(run)
+        strategy.bind_services(door.services(model))
+    transport = door.transport()
     check_noise_seed(run, transport)
     progress = progress_for(run.progress_interval, door.label)
     try:
-        engine = make_engine(door, run, strategy, transport, model, setup, recorder, progress)
+        engine = make_engine(door, strategy, transport, model, setup, recorder, progress)
     except BaseException:  # refused while built (the library's accountant check): not shown
         progress.close()
         raise
@@ -221,7 +226,6 @@ def build_engine(
 
 def make_engine(
     door: Door,
-    run: RunConfig,
     strategy: Strategy,
     transport: Transport,
     model: Model,
@@ -230,26 +234,22 @@ def make_engine(
     progress: Progress | ProgressBar,
 ) -> Engine:
     """The engine around the bound rule; `version` reads it once it exists."""
+    run = door.run
     engine: Engine | None = None
 
     def version() -> int:
         return engine.version if engine is not None else 0
 
-    engine = Engine(
-        run,
-        strategy,
-        transport,
-        model.layout,
-        latency_of(run, strategy, setup.client_sizes if setup.sizes_known else None),
-        door.evaluator(run, model, version),
-        recorder,
-        progress,
-        checkpointer(recorder),
-        door.client_scorer(run),
-        contract=door.contract,
-        nodes=door.nodes(run),
-        stages=stages_for(run, model.layout, door.accountant(run), recorder.dir, recorder.dir.name),
-    )
+    layout = model.layout
+    latency = latency_of(run, strategy, setup.client_sizes if setup.sizes_known else None)
+    evaluator = door.evaluator(model, version)
+    listeners = Listeners(recorder, progress, checkpointer(recorder))
+    scores = Scoreboard(run, strategy, transport, layout, evaluator, door.client_scorer())
+    contract = door.contract or FedstaleContract()
+    nodes = door.nodes() or NodeBook(run.num_clients)
+    federation = Federation(transport, nodes, layout, latency, contract)
+    stages = stages_for(run, layout, door.accountant(), recorder.dir, recorder.dir.name)
+    engine = Engine(run, strategy, federation, scores, listeners, stages)
     return engine
 
 
@@ -287,23 +287,24 @@ def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
         snapshot = checkpoint.snapshot(
             engine, recorder.dir, recorder.metric_rows, recorder.update_rows
         )
-        with engine.watch("checkpoint"):
+        with engine.standing.watch("checkpoint"):
             checkpoint.save(snapshot, path)
 
     return save
 
 
 def finish(
-    door: Door, run: RunConfig, engine: Engine, recorder: RunRecorder, wall_seconds: float
+    door: Door, engine: Engine, recorder: RunRecorder, wall_seconds: float
 ) -> dict[str, Any]:
+    run = door.run
     summary = summarize(engine, wall_seconds)
     recorder.write_summary(summary)
-    recorder.save_model(engine.layout.unflatten(engine.strategy.model))
-    scores = [e.accuracy for e in engine.evaluations]
+    recorder.save_model(engine.federation.layout.unflatten(engine.strategy.model))
+    scores = [e.accuracy for e in engine.scores.done]
     if any(math.isfinite(s) for s in scores):  # a library run without evaluate_fn scores none
-        times = [e.virtual_time for e in engine.evaluations]
+        times = [e.virtual_time for e in engine.scores.done]
         label = score_label(run.metric, engine.scores.per_client)
-        recorder.plot(door.plot_title(run), times, scores, label, score_key(run.metric))
+        recorder.plot(door.plot_title(), times, scores, label, score_key(run.metric))
     log.info("done: %s", done_line(run, summary, recorder))
     return summary
 

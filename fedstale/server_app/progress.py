@@ -22,7 +22,7 @@ def budget_share(engine: Engine) -> float:
     """How far the run is through its nearest budget (0..1; 0 when it has none)."""
     run, counters = engine.run, engine.counters
     shares = [
-        (engine.clock.now(), run.max_virtual_time),
+        (engine.standing.clock.now(), run.max_virtual_time),
         (counters.accepted, run.max_updates),
         (engine.version, run.max_versions),
         (time.monotonic() - engine.wall_start, run.max_wall_seconds),
@@ -33,7 +33,7 @@ def budget_share(engine: Engine) -> float:
 def latest_score(engine: Engine) -> str:
     """` acc=0.8123` (`neg-mse=...` for that metric), or "" before anything was scored (a
     library run without `evaluate_fn` scores nothing)."""
-    score = engine.evaluations[-1].accuracy if engine.evaluations else math.nan
+    score = engine.scores.done[-1].accuracy if engine.scores.done else math.nan
     if not math.isfinite(score):
         return spent(engine)
     name = metric_name(engine.run.metric)
@@ -61,7 +61,7 @@ class Progress:
         run, counters = engine.run, engine.counters
         elapsed = now - engine.wall_start
         budget = run.max_virtual_time
-        clock = f"t={engine.clock.now():,.0f}" + (f"/{budget:,.0f}" if budget else "")
+        clock = f"t={engine.standing.clock.now():,.0f}" + (f"/{budget:,.0f}" if budget else "")
         share = budget_share(engine)
         eta = f" eta {elapsed * (1 - share) / share:,.0f}s" if 0 < share < 1 else ""
         log.info(
@@ -132,7 +132,7 @@ class ProgressBar:
         self.bar.update(
             self.task,
             completed=round(budget_share(engine) * self.STEPS),
-            description=f"[{engine.run.strategy}] t={engine.clock.now():,.0f}",
+            description=f"[{engine.run.strategy}] t={engine.standing.clock.now():,.0f}",
             status=status,
         )
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.config import ConfigError, RunConfig, RunSettings
 from fedstale.common.files import resume_folder
 from fedstale.server_app.stages.ledger import LEDGER_FILE, mark_moved
 
@@ -48,11 +48,11 @@ def holds_a_run(folder: Path) -> bool:
     return any((folder / name).exists() for name in RUN_FILES)
 
 
-def resumes_in_place(run: RunConfig, folder: Path) -> bool:
+def resumes_in_place(run: RunSettings, folder: Path) -> bool:
     return bool(run.resume_from) and resume_folder(run.resume_from) == folder
 
 
-def check_run_dir(run: RunConfig, name: str) -> Path:
+def check_run_dir(run: RunSettings, name: str) -> Path:
     """The folder this run's results go to, or one ConfigError line when it holds an
     earlier run that this run would mix with."""
     folder = runs_root(run.runs_dir) / name
@@ -65,7 +65,7 @@ def check_run_dir(run: RunConfig, name: str) -> Path:
     )
 
 
-def claim_run_dir(run: RunConfig, name: str) -> Path:
+def claim_run_dir(run: RunSettings, name: str) -> Path:
     """`check_run_dir`, then with `overwrite` the earlier run moved aside (never deleted)."""
     folder = check_run_dir(run, name)
     if run.overwrite and holds_a_run(folder) and not resumes_in_place(run, folder):
@@ -81,7 +81,7 @@ def claim_run_dir(run: RunConfig, name: str) -> Path:
     return folder
 
 
-def writable_runs_dir(run: RunConfig) -> Path:
+def writable_runs_dir(run: RunSettings) -> Path:
     """The runs directory, created if need be, or one ConfigError line."""
     root = runs_root(run.runs_dir)
     try:

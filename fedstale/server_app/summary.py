@@ -15,7 +15,7 @@ from fedstale.strategies.base import Topology
 
 def summarize(engine: Engine, wall_seconds: float) -> dict[str, Any]:
     loop_seconds = time.monotonic() - (engine.loop_started or engine.wall_start)
-    evals = engine.evaluations
+    evals = engine.scores.done
     times = [e.virtual_time for e in evals]
     accuracies = [e.accuracy for e in evals]
     scored = [a for a in accuracies if math.isfinite(a)]  # a library run may score nothing
@@ -45,7 +45,7 @@ def cohorts_of(engine: Engine) -> dict[str, Any]:
     every run's waiting tasks), and how many there were of each size; in a grid also this
     run's own share (`own`: its tasks per computation, mean and largest, and the fraction of
     the tasks those computations trained that were its own)."""
-    sizes = getattr(engine.transport, "cohort_sizes", None)
+    sizes = getattr(engine.federation.transport, "cohort_sizes", None)
     if sizes is None:
         return {}
     histogram = {str(size): sizes.count(size) for size in sorted(set(sizes))}
@@ -55,7 +55,7 @@ def cohorts_of(engine: Engine) -> dict[str, Any]:
         "largest": max(sizes, default=None),
         "sizes": histogram,
     }
-    own = getattr(engine.transport, "own_sizes", None)
+    own = getattr(engine.federation.transport, "own_sizes", None)
     if own is not None and own != sizes:  # shared with other runs: a grid's pool
         share = round(sum(own) / sum(sizes), 4) if sum(sizes) else None
         cohorts["own"] = {"mean": mean_of(own), "largest": max(own, default=None), "share": share}
@@ -78,9 +78,9 @@ def finite_or_null(value: Any) -> Any:
 
 
 def counts(engine: Engine, wall_seconds: float, loop_seconds: float) -> dict[str, Any]:
-    evals, counters, strategy = engine.evaluations, engine.counters, engine.strategy
+    evals, counters, strategy = engine.scores.done, engine.counters, engine.strategy
     return {
-        "time_to_target": engine.time_to_target,
+        "time_to_target": engine.scores.time_to_target,
         "virtual_time": evals[-1].virtual_time,
         "versions": engine.version,
         "updates_accepted": counters.accepted,
@@ -105,7 +105,9 @@ def counts(engine: Engine, wall_seconds: float, loop_seconds: float) -> dict[str
         ),
         "first_update_unix_time": engine.first_update_time,
         "client_compute_seconds": counters.client_compute_seconds,
-        "engine_seconds": {k: round(v, 3) for k, v in sorted(engine.watch.seconds.items())},
+        "engine_seconds": {
+            k: round(v, 3) for k, v in sorted(engine.standing.watch.seconds.items())
+        },
         **(strategy.summary() if isinstance(strategy, Topology) else {}),
         **engine.stages.summary(),
     }

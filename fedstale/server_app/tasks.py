@@ -1,18 +1,29 @@
 """The engine's book of tasks: those in flight (by task id and by message id), the replies
 that are in but not yet handled (the clock decides when), the ids already answered,
 superseded messages whose late replies are still to be dropped, and written-off tasks
-(timed out, node gone) whose replies may still come and are then offered late."""
+(timed out, node gone) whose replies may still come and are then offered late. And where
+the run stands (`Standing`), which the engine shares with its dispatcher and intake."""
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
-from fedstale.server_app.clock import Task
+from fedstale.common.config import RunConfig
+from fedstale.server_app.budgets import Counters, Stopwatch
+from fedstale.server_app.clock import Clock, Task
+from fedstale.server_app.federation import Federation
+from fedstale.server_app.stages.pipeline import Pipeline
 from fedstale.server_app.transport import Reply
+from fedstale.strategies.base import InFlight, Strategy, View
 
 log = logging.getLogger("fedstale")
+
+
+class EngineError(RuntimeError):
+    """The run cannot go on (no nodes, a federation that does not match the config)."""
 
 
 class TaskBook:
@@ -110,3 +121,40 @@ class TaskBook:
         for msg_id in [m for m, node in self.superseded.items() if node in gone]:
             del self.superseded[msg_id]
         return [t for t in self.tasks.values() if t.node in gone]
+
+
+@dataclass
+class Standing:
+    """Where the run stands: its clock, its tasks, its counters, the global version, the
+    next task's id, why it stops ("" while it goes on) and the seconds of each phase."""
+
+    clock: Clock
+    book: TaskBook = field(default_factory=TaskBook)
+    counters: Counters = field(default_factory=Counters)
+    version: int = 0
+    next_task_id: int = 0
+    stop_reason: str = ""
+    watch: Stopwatch = field(default_factory=Stopwatch)
+
+    def in_flight(self, task: Task) -> InFlight:
+        """A task as a strategy sees it: staleness in versions and in arrivals."""
+        arrivals = self.counters.accepted - task.accepted_before
+        return InFlight(
+            task.task_id, task.client, task.version, self.version - task.version, arrivals
+        )
+
+    def view(self, candidates: list[int], capacity: int) -> View:
+        in_flight = tuple(self.in_flight(t) for t in self.book.tasks.values())
+        return View(self.version, tuple(candidates), in_flight, capacity)
+
+
+@dataclass
+class EnginePart:
+    """What the engine hands each of its parts (the dispatcher, the intake): the run, the
+    rule, the federation, the stages, and where the run stands (shared, not copied)."""
+
+    run: RunConfig
+    strategy: Strategy
+    federation: Federation
+    stages: Pipeline
+    standing: Standing

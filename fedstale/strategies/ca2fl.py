@@ -20,7 +20,7 @@ from fedstale.strategies.rule import Rule
 
 
 class CA2FLParams(KebabModel):
-    ca2fl_server_lr: float = Field(1.0, gt=0)
+    ca2fl_server_lr: float = Field(default=1.0, gt=0)
 
 
 class CA2FL(Strategy[CA2FLParams]):

@@ -33,14 +33,14 @@ from fedstale.strategies.staleness import Kind, Staleness
 
 
 class FedAsyncParams(KebabModel):
-    fedasync_alpha: float = Field(0.6, gt=0, le=1)
+    fedasync_alpha: float = Field(default=0.6, gt=0, le=1)
     fedasync_staleness: Kind = "poly"
-    fedasync_poly_a: float = Field(0.5, ge=0)
-    fedasync_hinge_a: float = Field(10.0, ge=0)
-    fedasync_hinge_b: float = Field(6.0, ge=0)
-    fedasync_exp_a: float = Field(0.5, ge=0)
-    fedasync_mu: float = Field(0.005, ge=0)
-    fedasync_max_staleness: int = Field(0, ge=0)
+    fedasync_poly_a: float = Field(default=0.5, ge=0)
+    fedasync_hinge_a: float = Field(default=10.0, ge=0)
+    fedasync_hinge_b: float = Field(default=6.0, ge=0)
+    fedasync_exp_a: float = Field(default=0.5, ge=0)
+    fedasync_mu: float = Field(default=0.005, ge=0)
+    fedasync_max_staleness: int = Field(default=0, ge=0)
 
 
 def staleness_function(params: FedAsyncParams) -> Staleness:

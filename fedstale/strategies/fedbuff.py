@@ -22,7 +22,7 @@ DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
 
 
 class FedBuffParams(KebabModel):
-    fedbuff_server_lr: float = Field(1.0, gt=0)
+    fedbuff_server_lr: float = Field(default=1.0, gt=0)
 
 
 class FedBuff(Strategy[FedBuffParams]):

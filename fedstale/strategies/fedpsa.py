@@ -81,11 +81,11 @@ class FedPSAKeys:
 
 
 class FedPSAParams(KebabModel):
-    fedpsa_sketch_dim: int = Field(16, ge=1)
-    fedpsa_queue: int = Field(50, ge=1)
-    fedpsa_gamma: float = Field(5.0, ge=0)
-    fedpsa_delta: float = Field(0.5, ge=0)
-    fedpsa_calib_size: int = Field(32, ge=1)
+    fedpsa_sketch_dim: int = Field(default=16, ge=1)
+    fedpsa_queue: int = Field(default=50, ge=1)
+    fedpsa_gamma: float = Field(default=5.0, ge=0)
+    fedpsa_delta: float = Field(default=0.5, ge=0)
+    fedpsa_calib_size: int = Field(default=32, ge=1)
     fedpsa_ablation: Literal["none", "no-thermometer", "no-sensitivity", "no-both"] = "none"
     fedpsa_calib_source: Literal["gaussian", "real"] = "gaussian"
     fedpsa_calib_labels: Literal["random", "self"] = "random"

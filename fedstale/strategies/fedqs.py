@@ -12,7 +12,7 @@ import math
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 
 import numpy as np
 from pydantic import Field
@@ -144,17 +144,19 @@ class KFifoParams(KebabModel):
     # Which update of a client a FIFO entry aggregates: the one it uploaded, or (the FedQS
     # authors' simulator, whose queue holds a file the client overwrites when it retrains)
     # the client's newest by the time the entry is aggregated.
-    fifo_update: Literal["uploaded", "newest"] = "uploaded"
+    fedqs_fifo_update: Literal["uploaded", "newest"] = "uploaded"
+
+    renamed: ClassVar[dict[str, str]] = {"fifo-update": "fedqs-fifo-update"}
 
 
 class FedQSParams(KFifoParams):
-    fedqs_a: float = Field(0.002, ge=0)  # lr step per unit of F
-    fedqs_m0: float = Field(0.1, ge=0, lt=1)
-    fedqs_momentum_gain: float = Field(20.0, ge=0)  # k of the aligned types' momentum
-    fedqs_momentum_cap: float = Field(0.4, ge=0, lt=1)
-    fedqs_lr_min: float = Field(1e-3, gt=0)
-    fedqs_lr_max: float = Field(0.2, gt=0)
-    fedqs_spread_limit: float = Field(30.0, ge=0)  # points of per-class accuracy spread
+    fedqs_a: float = Field(default=0.002, ge=0)  # lr step per unit of F
+    fedqs_m0: float = Field(default=0.1, ge=0, lt=1)
+    fedqs_momentum_gain: float = Field(default=20.0, ge=0)  # k of the aligned types' momentum
+    fedqs_momentum_cap: float = Field(default=0.4, ge=0, lt=1)
+    fedqs_lr_min: float = Field(default=1e-3, gt=0)
+    fedqs_lr_max: float = Field(default=0.2, gt=0)
+    fedqs_spread_limit: float = Field(default=30.0, ge=0)  # points of per-class accuracy spread
     fedqs_ablation: Literal["none", "no-feedback", "no-flag-weight", "no-momentum"] = "none"
     fedqs_similarity: Literal["angle", "l1", "l2"] = "angle"
     fedqs_pseudo_gradient: Literal["delta", "previous-global"] = "delta"
@@ -195,22 +197,22 @@ class KFifo(Strategy[FifoParams]):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
-        self.newest: dict[int, np.ndarray] = {}  # fifo-update=newest: each client's latest
+        self.newest: dict[int, np.ndarray] = {}  # fedqs-fifo-update=newest: each client's latest
 
     @classmethod
     def check(cls, run: RunConfig, params: FifoParams) -> None:
-        if run.clips and params.fifo_update == "newest":
+        if run.clips and params.fedqs_fifo_update == "newest":
             raise ValueError(
-                "fifo-update=newest aggregates a client's newest update once per entry it has "
-                "in the FIFO, so one update may enter a release more than once; differential "
-                "privacy needs fifo-update=uploaded"
+                "fedqs-fifo-update=newest aggregates a client's newest update once per entry "
+                "it has in the FIFO, so one update may enter a release more than once; "
+                "differential privacy needs fedqs-fifo-update=uploaded"
             )
 
     def queued(self, update: Update) -> Queued:
         return Queued("", None, False, self.run.lr, self.run.momentum, update)
 
     def on_update(self, update: Update, view: View) -> Outcome:
-        if self.params.fifo_update == "newest":
+        if self.params.fedqs_fifo_update == "newest":
             self.newest[update.client] = update.vector
         batch = self.fifo.add(self.queued(update))
         if batch is None:
@@ -235,8 +237,8 @@ class KFifo(Strategy[FifoParams]):
         """Move the global model by the batch; the weights each update got."""
 
     def aggregated(self, queued: Queued) -> np.ndarray:
-        """The update an entry aggregates (`fifo-update`)."""
-        if self.params.fifo_update == "newest":
+        """The update an entry aggregates (`fedqs-fifo-update`)."""
+        if self.params.fedqs_fifo_update == "newest":
             return self.newest[queued.update.client]
         return queued.update.vector
 

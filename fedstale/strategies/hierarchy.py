@@ -87,11 +87,13 @@ def edge_aggregate(
 class HierarchyParams(KebabModel):
     """Keys of MAFSA and HierFedAvg."""
 
-    mafsa_edges: int = Field(5, ge=1)
-    mafsa_edge_rounds: int = Field(1, ge=1)
+    mafsa_edges: int = Field(default=5, ge=1)
+    mafsa_edge_rounds: int = Field(default=1, ge=1)
     mafsa_cloud_rule: Literal["delta", "mix"] = "delta"
     mafsa_edge_slowdown: str = ""
-    dropout_rate: float = Field(0.0, ge=0, lt=1)
+    mafsa_dropout_rate: float = Field(default=0.0, ge=0, lt=1)
+
+    renamed: ClassVar[dict[str, str]] = {"dropout-rate": "mafsa-dropout-rate"}
 
     @field_validator("mafsa_edge_slowdown")
     @classmethod
@@ -226,7 +228,7 @@ class Hierarchy(Strategy[HierarchyParams], Topology):
             chosen = [
                 c
                 for c in reachable
-                if online(c, edge.round, self.params.dropout_rate, self.run.seed)
+                if online(c, edge.round, self.params.mafsa_dropout_rate, self.run.seed)
             ]
             for client in set(edge.clients) - set(chosen):
                 self.dropped_at.setdefault(client, edge.round)

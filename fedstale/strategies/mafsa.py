@@ -129,7 +129,7 @@ RULES = (
         MAFSA,
         library="MAFSA",
         about="""MAFSA (Algorithms 1-3): HierFedAvg's edges, the cloud moved at once by each
-    edge upload, and the stale models of clients back from dropping out (`dropout_rate`)
+    edge upload, and the stale models of clients back from dropping out (`mafsa_dropout_rate`)
     reused. Needs fedstale.mafsa_mod() in the ClientApp. Client sizes are unknown here:
     rho_k, an edge's share of the data, is its share of the clients.""",
         wire=keys_of(MAFSAKeys),

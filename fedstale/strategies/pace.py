@@ -20,7 +20,7 @@ A task for client c starts from phi_c; client c's personalised model (evaluated 
 split) is phi_c.
 
 pFedGraph-Async (the paper's naive baseline): phi_i = theta_i, row i as above, a task for
-c starts from sum_j W_cj phi_j; no blending, no decay, no multicast. `pfedgraph-style =
+c starts from sum_j W_cj phi_j; no blending, no decay, no multicast. `pace-pfedgraph-style =
 authors` stores the aggregate instead, as the authors' pFedGraph does: after row i is
 solved (against the stored aggregates of the others), phi_i = sum_j W_ij phi_j (phi_i =
 theta_i in the sum) and a task for c starts from phi_c. `pace-ablation` (Fig. 5): naive |
@@ -34,7 +34,7 @@ momentum 0.9 and weight decay 1e-4. Memory on the server: n models and an n x n 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field
@@ -63,16 +63,18 @@ if TYPE_CHECKING:  # torch where it is used: the registry loads without it
 
 
 class PACEParams(KebabModel):
-    pace_gamma: float = Field(1.5, ge=0)
-    pace_lambda: float = Field(0.01, ge=0)
-    pace_a: float = Field(1.5, ge=0)
-    pace_omega: float = Field(2500.0, gt=0)
-    pace_multicast_max: int = Field(5, ge=1)
+    pace_gamma: float = Field(default=1.5, ge=0)
+    pace_lambda: float = Field(default=0.01, ge=0)
+    pace_a: float = Field(default=1.5, ge=0)
+    pace_omega: float = Field(default=2500.0, gt=0)
+    pace_multicast_max: int = Field(default=5, ge=1)
     pace_ablation: Literal["none", "naive", "buffer", "buffer-multicast"] = "none"
     pace_dispatch: Literal["random", "same-client"] = "random"
-    pace_momentum: float = Field(0.9, ge=0, lt=1)
-    pace_weight_decay: float = Field(1e-4, ge=0)
-    pfedgraph_style: Literal["ours", "authors"] = "ours"
+    pace_momentum: float = Field(default=0.9, ge=0, lt=1)
+    pace_weight_decay: float = Field(default=1e-4, ge=0)
+    pace_pfedgraph_style: Literal["ours", "authors"] = "ours"
+
+    renamed: ClassVar[dict[str, str]] = {"pfedgraph-style": "pace-pfedgraph-style"}
 
 
 def project_to_simplex(values: np.ndarray) -> np.ndarray:
@@ -180,9 +182,9 @@ class PACE(Strategy[PACEParams], PerClientModels):
 
     @classmethod
     def check(cls, run: RunConfig, params: PACEParams) -> None:
-        if params.pfedgraph_style == "authors" and cls.ablation_of(params) != "naive":
+        if params.pace_pfedgraph_style == "authors" and cls.ablation_of(params) != "naive":
             raise ValueError(
-                "pfedgraph-style=authors is a form of the naive baseline: use "
+                "pace-pfedgraph-style=authors is a form of the naive baseline: use "
                 "strategy=pfedgraph-async (or pace-ablation=naive)"
             )
 
@@ -197,7 +199,7 @@ class PACE(Strategy[PACEParams], PerClientModels):
     @property
     def stores_aggregates(self) -> bool:
         """The authors' pFedGraph: phi_i is client i's aggregate, not its trained model."""
-        return not self.blends and self.params.pfedgraph_style == "authors"
+        return not self.blends and self.params.pace_pfedgraph_style == "authors"
 
     @property
     def blends(self) -> bool:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import RunConfig, RunSettings
 
 LINEAR = "linear"
 CONVEX = "convex"
@@ -80,15 +80,15 @@ def release_sensitivity(
     raise ValueError(f"unknown release kind '{kind}'")
 
 
-def one(run: RunConfig) -> int:
+def one(run: RunSettings) -> int:
     return 1
 
 
-def buffered(run: RunConfig) -> int:
+def buffered(run: RunSettings) -> int:
     return run.buffer_size
 
 
-def cohort(run: RunConfig) -> int:
+def cohort(run: RunSettings) -> int:
     return run.concurrency
 
 

@@ -148,6 +148,41 @@ def cohort_rules() -> frozenset[str]:
     return frozenset(name for name, rule in client_rules().items() if rule.in_cohorts)
 
 
+# A renamed key's old name is read until this release (then it is unknown, and the
+# "did you mean" of an unknown key names the new one).
+OLD_NAMES_READ_UNTIL = "0.2"
+
+
+def renamed_keys() -> dict[str, str]:
+    """Every renamed key, old name -> new: the run config's and every rule's."""
+    renamed = dict(RunConfig.renamed)
+    for cls in STRATEGIES.values():
+        renamed.update(cls.Params.renamed)
+    return renamed
+
+
+def with_new_names(values: Mapping[str, Any], say: bool = True) -> dict[str, Any]:
+    """`values` with each renamed key under its new name, with one warning line naming it
+    (`say`). An old name left empty is dropped: pyproject.toml declares each old name as ""
+    so that Flower's `--run-config` still takes it."""
+    named = dict(values)
+    for old, new in renamed_keys().items():
+        if old not in named:
+            continue
+        value = named.pop(old)
+        if value == "":
+            continue
+        if say:
+            log.warning(
+                "run config: '%s' is now '%s' (the old name is read until fedstale %s); rename it",
+                old,
+                new,
+                OLD_NAMES_READ_UNTIL,
+            )
+        named[new] = value
+    return named
+
+
 def known_keys() -> set[str]:
     keys = RunConfig.keys()
     for cls in STRATEGIES.values():
@@ -165,6 +200,7 @@ def _reject_unknown_keys(values: Mapping[str, Any]) -> None:
 
 def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
     """The run config and the strategy's own parameters, or one ConfigError line."""
+    values = with_new_names(values)
     _reject_unknown_keys(values)
     run = parse_model(RunConfig, values)
     if run.strategy not in STRATEGIES:

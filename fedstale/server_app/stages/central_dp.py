@@ -252,14 +252,14 @@ class CentralDP(Stage):
         vector = clipped if start is None else (start.astype(np.float64) + clipped)
         return replace(update, vector=vector.astype(np.float32))
 
-    def excludes(self, node: int, client: int, err: InvalidReply) -> bool:
+    def excludes(self, node: int, client: int, err: InvalidReply) -> str:
         """Client-side clipping: a node whose updates exceeded the clipping norm
         `dp-max-rejections` times is excluded from the run."""
         if not isinstance(err, NotClipped):
-            return False
+            return ""
         count = self.unclipped[node] = self.unclipped.get(node, 0) + 1
         if count < self.run.dp_max_rejections:
-            return False
+            return ""
         log.error(
             "node %d (client %d) excluded from the run: %d of its updates exceeded "
             "dp-clipping-norm %g (dp-max-rejections); its ClientApp does not clip",
@@ -268,7 +268,10 @@ class CentralDP(Stage):
             count,
             self.norm,
         )
-        return True
+        return (
+            "updates above dp-clipping-norm: add Flower's fixedclipping_mod to the ClientApp's "
+            "train handler, or use dp-clipping=server"
+        )
 
     def record(self, row: dict[str, Any]) -> dict[str, Any]:
         """An updates.jsonl row as the guarantee covers it: everything where client values

@@ -97,9 +97,11 @@ class Stage:
         """The update as the rule may see it (InvalidReply: rejected)."""
         return update
 
-    def excludes(self, node: int, client: int, err: InvalidReply) -> bool:
-        """Whether this rejection excludes the node from the run."""
-        return False
+    def excludes(self, node: int, client: int, err: InvalidReply) -> str:
+        """Whether this rejection excludes the node from the run: "" keeps it; else what
+        excluded it, in the line that ends a run once no node is left ("every node was
+        excluded for ...")."""
+        return ""
 
     def release(
         self, strategy: Strategy[Any], outcome: Outcome, version: int, messages: Messages
@@ -175,9 +177,9 @@ class Pipeline:
             update = stage.update(task_id, update)
         return update
 
-    def excludes(self, node: int, client: int, err: InvalidReply) -> bool:
+    def excludes(self, node: int, client: int, err: InvalidReply) -> str:
         # a list, not a generator: every stage counts the rejection, even after one excludes
-        return any([stage.excludes(node, client, err) for stage in self.stages])
+        return next(iter(filter(None, [s.excludes(node, client, err) for s in self.stages])), "")
 
     def release(
         self, strategy: Strategy[Any], outcome: Outcome, version: int, messages: Messages
