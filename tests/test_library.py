@@ -251,6 +251,7 @@ def test_bad_arguments_and_rules_without_a_mod_are_one_line() -> None:
         fedstale.FedBuff(bufer_size=3)  # type: ignore[call-arg]
     with pytest.raises(ConfigError, match=r"fix FedBuff\(\.\.\.\)'s arguments"):
         fedstale.FedBuff(buffer_size=0)
+    assert fedstale.FedBuff(min_available_nodes=0).min_available_nodes == 1  # as Flower waits
 
     class Pace(AsyncStrategy):
         rule = "pace"

@@ -6,10 +6,11 @@ refused. Errors surface as one `ConfigError` line naming the key, the value and 
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any, ClassVar, Literal, TypeVar
 
@@ -53,6 +54,12 @@ NUM_CLASSES: dict[str, int] = {
 ModelT = TypeVar("ModelT", bound="KebabModel")
 KEYS_HINT = "see [tool.flwr.app.config] of pyproject.toml for every key"
 FIX_HINT = "fix it in [tool.flwr.app.config] of pyproject.toml or with --run-config"
+
+
+def did_you_mean(key: str, known: Iterable[str], otherwise: str) -> str:
+    """ "did you mean '<the closest known key>'?", or `otherwise` when none is close."""
+    close = difflib.get_close_matches(key, list(known), n=1)
+    return f"did you mean '{close[0]}'?" if close else otherwise
 
 
 def metric_name(metric: str) -> str:

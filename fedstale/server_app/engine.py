@@ -31,7 +31,7 @@ from fedstale.server_app.federation import Federation
 from fedstale.server_app.intake import Intake
 from fedstale.server_app.scored import Evaluation
 from fedstale.server_app.stages.pipeline import Pipeline, Stage, StageError
-from fedstale.server_app.tasks import EngineError, EnginePart, Standing
+from fedstale.server_app.tasks import EngineError, Standing
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Outcome, Strategy, Update, declare_edges
 
@@ -76,9 +76,9 @@ class Engine:
         self.listeners = listeners
         self.stages = Pipeline(stages)
         self.standing = Standing(make_clock(run.clock))
-        part = EnginePart(run, strategy, federation, self.stages, self.standing)
-        self.dispatcher = Dispatcher(**vars(part), scores=scores)
-        self.intake = Intake(**vars(part), sink=self)
+        parts = (run, strategy, federation, self.stages, self.standing)
+        self.dispatcher = Dispatcher(*parts, scores=scores)
+        self.intake = Intake(*parts, sink=self)
         self.messages = StageMessages(self.dispatcher, run.poll_interval)
         scores.on_result = lambda e: listeners.recorder.metric(score_row(e.row(), run.metric))
         self.rng = np.random.default_rng([run.seed, 0xD15])

@@ -13,7 +13,6 @@ Nodes become clients 0..n-1 in the order they appear (nodes.py, NodesInOrder).
 
 from __future__ import annotations
 
-import difflib
 import functools
 import logging
 import math
@@ -45,6 +44,7 @@ from fedstale.common.config import (
     SecureSettings,
     TrainingSettings,
     describe_validation_error,
+    did_you_mean,
 )
 from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
@@ -87,7 +87,7 @@ class LibraryArguments(
     model_config = ConfigDict(protected_namespaces=(), arbitrary_types_allowed=True)
 
     num_clients: int | None = None  # type: ignore[assignment]
-    min_available_nodes: int = 2
+    min_available_nodes: int = 2  # below 1: 1
     fraction_evaluate: float = 1.0
     clock: Literal["virtual", "wall"] = "wall"
     lr_decay: float = 1.0
@@ -97,6 +97,11 @@ class LibraryArguments(
     task_timeout: float | None = None  # type: ignore[assignment]
     task_ttl: float | None = None  # type: ignore[assignment]
     eval_interval: float | None = None  # type: ignore[assignment]
+
+    @field_validator("min_available_nodes")
+    @classmethod
+    def _at_least_one(cls, nodes: int) -> int:
+        return max(1, nodes)
 
 
 class AsyncStrategy(LibraryArguments):
@@ -148,11 +153,10 @@ class AsyncStrategy(LibraryArguments):
         or one ConfigError line naming an unknown argument and the closest known one."""
         kebab = with_new_names({key.replace("_", "-"): v for key, v in given.items()})
         named = {key.replace("-", "_"): value for key, value in kebab.items()}
-        known = list(cls.model_fields)
-        for name in sorted(set(named) - set(known)):
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else "see docs/library.md"
-            raise ConfigError(f"{cls.__name__}: unknown argument '{name}'; {hint}")
+        unknown = sorted(set(named) - set(cls.model_fields))
+        if unknown:
+            hint = did_you_mean(unknown[0], cls.model_fields, "see docs/library.md")
+            raise ConfigError(f"{cls.__name__}: unknown argument '{unknown[0]}'; {hint}")
         return named
 
     # ---------------------------------------------------------------- configuration
@@ -178,10 +182,6 @@ class AsyncStrategy(LibraryArguments):
         keys = (set(RunConfig.model_fields) | set(type(self).rule_keys())) - set(OWN_ARGUMENTS)
         held = {name: getattr(self, name) for name in type(self).model_fields if name in keys}
         return {name.replace("_", "-"): v for name, v in held.items() if v is not None}
-
-    @property
-    def per_release(self) -> int | None:
-        return self._per_release
 
     @property
     def accountant(self) -> Any:
@@ -461,8 +461,8 @@ class LibraryDoor(Door):
         return GridTransport(self.grid, self.run.task_ttl)
 
     def nodes(self) -> Nodes:
-        edges = self.strategy.edges if isinstance(self.strategy, TopologyArguments) else {}
-        edges = dict(edges)
+        strategy = self.strategy
+        edges = dict(strategy.edges) if isinstance(strategy, TopologyArguments) else {}
         return NodesInOrder(self.run.num_clients, edge_of=dict(edges))
 
     def model(self) -> Model:

@@ -9,7 +9,6 @@ library see the same rules."""
 
 from __future__ import annotations
 
-import difflib
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from functools import cache
@@ -26,6 +25,7 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
+    did_you_mean,
     parse_model,
 )
 from fedstale.strategies.base import Strategy
@@ -193,8 +193,7 @@ def known_keys() -> set[str]:
 def _reject_unknown_keys(values: Mapping[str, Any]) -> None:
     known = known_keys()
     for key in sorted(set(values) - known):
-        close = difflib.get_close_matches(key, known, n=1)
-        hint = f"did you mean '{close[0]}'?" if close else KEYS_HINT
+        hint = did_you_mean(key, known, KEYS_HINT)
         raise ConfigError(f"run config: unknown key '{key}'; {hint}")
 
 
