@@ -26,6 +26,7 @@ import torch
 
 from fedstale.common.calibration import gaussian_batch
 from fedstale.common.config import parse_run_config
+from fedstale.common.federation import FederationKey
 from fedstale.common.models import MLP, build_model
 from fedstale.common.sensitivity import sensitivity, sketch
 from fedstale.common.shares import client_data
@@ -46,7 +47,7 @@ def timed(fn, repeats: int) -> float:  # type: ignore[no-untyped-def]
 
 def overhead(model_name: str, trainer: str, repeats: int) -> dict:
     cfg = parse_run_config({})
-    x, y = client_data(cfg, 0)
+    x, y = client_data(FederationKey.of(cfg), 0)
     model = build_model(model_name, (1, 28, 28), 10, seed=0)
     batch = gaussian_batch(0, (1, 28, 28), 10, CALIB)
     train = timed(

@@ -101,13 +101,14 @@ def several_workers(args: argparse.Namespace, workers: int) -> dict[str, float]:
 
 def step_parts(args: argparse.Namespace, tasks: int = 20) -> dict[str, float]:
     """One task's minibatch steps, each part timed on its own (ms per task)."""
+    from fedstale.common.federation import FederationKey
     from fedstale.common.models import build_model
     from fedstale.common.shares import client_data
 
     with tempfile.TemporaryDirectory() as runs:
         run, _ = config_for(args, runs)
     torch.set_num_threads(1)
-    x, y = client_data(run, 0)
+    x, y = client_data(FederationKey.of(run), 0)
     model = build_model(run.model_name, tuple(x.shape[1:]), 10, 0)
     params = list(model.parameters())
     optimizer = torch.optim.SGD(params, lr=run.lr)

@@ -103,13 +103,13 @@ def fedstale_config(model: str, updates: int) -> str:
 def export_protocol(model: str, updates: int, folder: Path) -> dict[str, Any]:
     """fedstale's partition, test set and model description, for pfl's side; the protocol
     (refused when `folder` holds a different one)."""
-    from fedstale.common.federation import federation_of, test_data
+    from fedstale.common.federation import FederationKey, federation_of, test_data
     from fedstale.common.shares import client_data
     from fedstale.launcher.launch import parse_pairs
     from fedstale.strategies.registry import load_config
 
     run, _ = load_config(parse_pairs(fedstale_config(model, updates)))
-    fed = federation_of(run)
+    fed = federation_of(FederationKey.of(run))
     protocol = {
         **PROTOCOL,
         "model": model,
@@ -125,9 +125,9 @@ def export_protocol(model: str, updates: int, folder: Path) -> dict[str, Any]:
     folder.mkdir(parents=True, exist_ok=True)
     arrays: dict[str, np.ndarray] = {}
     for client in range(run.num_clients):
-        x, y = client_data(run, client)
+        x, y = client_data(FederationKey.of(run), client)
         arrays[f"x{client}"], arrays[f"y{client}"] = x.numpy(), y.numpy()
-    x_test, y_test = test_data(run)
+    x_test, y_test = test_data(FederationKey.of(run))
     np.savez(folder / "data.npz", x_test=x_test.numpy(), y_test=y_test.numpy(), **arrays)
     recorded.write_text(json.dumps(protocol, indent=1) + "\n")
     return protocol

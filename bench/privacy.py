@@ -60,13 +60,13 @@ BASE = {
 def noise_for(epsilon: float, releases: int) -> float:
     """The noise multiplier whose `releases` releases spend exactly `epsilon` at DELTA."""
     from fedstale.common.config import RunConfig
-    from fedstale.server_app.stages.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import Accounting
 
     def spent(z: float) -> float:
         run = RunConfig.model_validate(
             {**BASE, "dp-clipping-norm": 1.0, "dp-noise-multiplier": z, "max-updates": 1}
         )
-        return epsilon_after(run, releases)
+        return Accounting.of(run).epsilon_after(releases)
 
     low, high = 1e-3, 1e3
     for _ in range(60):  # bisection on log z: epsilon falls as z grows

@@ -36,9 +36,10 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from fedstale.common.config import RunConfig  # noqa: E402
+from fedstale.common.config import KebabModel, RunConfig  # noqa: E402
 from fedstale.server_app.stages.central_dp import CentralDP  # noqa: E402
 from fedstale.strategies.base import Outcome  # noqa: E402
+from fedstale.strategies.registry import load_config  # noqa: E402
 
 SIZES = {  # parameters of fedstale's models (fedstale.common.models.build_model)
     "mlp (digits)": 4_810,
@@ -75,7 +76,7 @@ class Model:
         self.model = np.zeros(size, dtype=np.float32)
 
 
-def run_for(cell: Cell) -> RunConfig:
+def run_for(cell: Cell) -> tuple[RunConfig, KebabModel]:
     values = {
         "strategy": "fedbuff",
         "num-clients": 2 * BUFFER,
@@ -86,7 +87,7 @@ def run_for(cell: Cell) -> RunConfig:
         "dp-secure-noise": cell.secure,
         "dp-max-epsilon": BUDGET if cell.budget else 0.0,
     }
-    return RunConfig.model_validate(values)
+    return load_config(values)
 
 
 def per_release(cell: Cell, releases: int) -> dict[str, float]:
@@ -95,7 +96,8 @@ def per_release(cell: Cell, releases: int) -> dict[str, float]:
     outcome = Outcome(changed=True, records=[{"weight": 0.1, "client": c} for c in range(10)])
     rule = Model(SIZES[cell.size])
     with tempfile.TemporaryDirectory() as folder:
-        stage = CentralDP.for_run(run_for(cell), folder=Path(folder), name="bench")
+        run, params = run_for(cell)
+        stage = CentralDP.for_run(run, params, folder=Path(folder), name="bench")
         assert stage is not None
         start = time.perf_counter()
         stage.opening(rule)  # type: ignore[arg-type]

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from fedstale.common.config import parse_run_config
-from fedstale.common.federation import federation_of
+from fedstale.common.federation import FederationKey, federation_of
 from fedstale.common.models import build_model
 from fedstale.common.shares import client_data
 from fedstale.common.training import local_train
@@ -76,8 +76,11 @@ def bare_rate(config: dict[str, Any], tasks: int, device: str = "cpu") -> float:
 
 def bare_setup(run: Any, device: str) -> tuple[torch.nn.Module, list[tuple[torch.Tensor, ...]]]:
     """The run's model and every client's training data, on `device`."""
-    fed = federation_of(run)
-    data = [tuple(t.to(device) for t in client_data(run, c)) for c in range(run.num_clients)]
+    fed = federation_of(FederationKey.of(run))
+    data = [
+        tuple(t.to(device) for t in client_data(FederationKey.of(run), c))
+        for c in range(run.num_clients)
+    ]
     model = build_model(run.model_name, fed.input_shape, fed.num_classes, run.seed).to(device)
     return model, data
 

@@ -2,10 +2,10 @@
 rule as a package"). A rule in your own package needs nothing else of fedstale:
 
     from pydantic import Field
-    from fedstale.rules import Buffer, KebabModel, Outcome, Rule, Strategy, Update, View
+    from fedstale.rules import Buffer, BufferParams, Outcome, Rule, Strategy, Update, View
     from fedstale.rules import update_record
 
-    class MedianParams(KebabModel):          # the rule's own run-config keys
+    class MedianParams(BufferParams):        # the rule's own keys, and buffer-size
         median_scale: float = Field(default=1.0, gt=0)
 
     class MedianBuffer(Strategy):
@@ -30,7 +30,8 @@ and its entry point, `[project.entry-points."fedstale.rules"] median-buffer =
   server checks on every reply,
   `InvalidReply` what a rule's `validate` raises to reject one; `Release` how a rule's model
   is released under central DP (with `LINEAR`, `CONVEX`).
-- Helpers of the built-in rules: `Buffer` (K updates, then a batch), `Staleness` (the
+- Helpers of the built-in rules: `Buffer` (K updates, then a batch; `BufferParams`
+  declares its key `buffer-size`, shared by every buffered rule), `Staleness` (the
   staleness weights s(tau)), `step_scale` (the server learning-rate schedule), `mean_model`.
 - Capabilities a rule may declare by subclassing: `PerClientModels`, `Topology`,
   `ServerModel` (with the `ModelServices` it is bound: the run's model as a `TorchModel`,
@@ -59,7 +60,7 @@ from fedstale.strategies.base import (
     step_scale,
     update_record,
 )
-from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.buffer import Buffer, BufferParams
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.privacy import CONVEX, LINEAR, Release
 from fedstale.strategies.rule import Rule
@@ -69,6 +70,7 @@ __all__ = [
     "CONVEX",
     "LINEAR",
     "Buffer",
+    "BufferParams",
     "ClientRule",
     "ConfigError",
     "InvalidReply",

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import KebabModel, RunConfig
 from fedstale.common.latency import profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.common.schema import MSG_QUERY, MSG_TRAIN, ReplyKeys, TaskKeys
@@ -29,9 +29,19 @@ from fedstale.strategies.registry import STRATEGIES
 V0 = View()  # the view of a strategy at version 0, for unit tests of on_update
 
 
+TEST_DEFAULTS = {"num-clients": 4, "concurrency": 2, "buffer-size": 2}
+
+
 def run_config(**overrides: Any) -> RunConfig:
-    values = {"num-clients": 4, "concurrency": 2, "buffer-size": 2, **overrides}
+    values = {**TEST_DEFAULTS, **overrides}
     return RunConfig.model_validate({k.replace("_", "-"): v for k, v in values.items()})
+
+
+def rule_params(strategy: str, **overrides: Any) -> KebabModel:
+    """The rule's Params as `run_config`'s values would give them (buffer-size 2)."""
+    values = {**TEST_DEFAULTS, **overrides}
+    kebab = {k.replace("_", "-"): v for k, v in values.items()}
+    return STRATEGIES[strategy].Params.model_validate(kebab)
 
 
 def update(vector: list[float], staleness: int = 0, client: int = 0, n: int = 1) -> Update:
@@ -176,15 +186,16 @@ UNKNOWN_STRATEGY = (
 
 def bind_server(run: RunConfig, strategy: Strategy) -> None:
     """Bind `strategy` as a run does: the server's own model, layout and data."""
+    from fedstale.common.federation import FederationKey
     from fedstale.common.layout import ParamLayout
     from fedstale.common.run_model import run_model
     from fedstale.server_app.experiment import services_for, setup_for
     from fedstale.strategies.base import ServerModel
 
     model = run_model(run)
-    strategy.bind(setup_for(run, ParamLayout.of(model)))
+    strategy.bind(setup_for(FederationKey.of(run), ParamLayout.of(model)))
     if isinstance(strategy, ServerModel):
-        strategy.bind_services(services_for(run, model))
+        strategy.bind_services(services_for(FederationKey.of(run), model))
 
 
 @contextmanager

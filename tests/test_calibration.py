@@ -12,6 +12,7 @@ from bench.kappa_alignment import analyse, binned, correlations
 from fedstale.common import federation
 from fedstale.common.calibration import MissingCalibration, decode, encode, real_batch
 from fedstale.common.config import ConfigError
+from fedstale.common.federation import FederationKey
 from fedstale.common.models import build_model, get_flat, set_flat
 from fedstale.common.sensitivity import loss_gradient
 from fedstale.strategies.base import Update, View
@@ -28,9 +29,9 @@ SHAPE = (1, 8, 8)
 
 
 def digits_fedpsa(**params: object) -> FedPSA:
-    run = run_config(dataset="digits", num_clients=10, strategy="fedpsa", buffer_size=2)
+    run = run_config(dataset="digits", num_clients=10, strategy="fedpsa")
     model = build_model(run.model_name, SHAPE, 10, run.seed)
-    strategy = FedPSA(run, FedPSAParams(**params), get_flat(model))
+    strategy = FedPSA(run, FedPSAParams(**{"buffer_size": 2, **params}), get_flat(model))
     bind_server(run, strategy)
     return strategy
 
@@ -138,7 +139,7 @@ def test_diagnostic_alignment_equals_eq22_by_hand() -> None:
     second = strategy.on_update(psa_update(1, deltas[3], 3, 0), View(version=1))  # stale: base 0
 
     run = strategy.run
-    x, y = diagnostic_batch(*federation.test_data(run), run.seed)
+    x, y = diagnostic_batch(*federation.test_data(FederationKey.of(run)), run.seed)
     model = build_model(run.model_name, SHAPE, 10, run.seed)
 
     def gradient(flat: np.ndarray) -> torch.Tensor:

@@ -27,10 +27,8 @@ from fedstale.common.schema import CLIPPING_NORM, TaskKeys
 from fedstale.server_app.engine import Engine
 from fedstale.server_app.stages import stages_for
 from fedstale.server_app.stages.central_dp import (
+    Accounting,
     CentralDP,
-    check_budget,
-    epsilon_after,
-    releases_within,
 )
 from fedstale.server_app.stages.noise import NOISE_STREAM
 from fedstale.strategies.base import Outcome, Update
@@ -39,7 +37,13 @@ from fedstale.strategies.fedavg import FedAvg
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.registry import load_config
 from tests import timing
-from tests.helpers import ScriptedTransport, delta_reply, run_config, scripted_engine
+from tests.helpers import (
+    ScriptedTransport,
+    delta_reply,
+    rule_params,
+    run_config,
+    scripted_engine,
+)
 
 LAYOUT = ParamLayout(names=("w",), shapes=((3,),))
 STEP = 1.0  # every client's delta: (1, 1, 1), norm sqrt(3)
@@ -50,6 +54,7 @@ def dp_engine(
     strategy_cls: type, params: Any, train_fn: Any = None, nodes: int = 6, **overrides: Any
 ) -> Engine:
     settings = {
+        "strategy": strategy_cls.name,
         "num-clients": 6,
         "concurrency": 3,
         "buffer-size": 2,
@@ -63,9 +68,12 @@ def dp_engine(
         **overrides,
     }
     run = run_config(**settings)
+    given = params.model_dump(by_alias=True, exclude_unset=True)  # the run's buffer-size else
+    params = type(params).model_validate({**settings, **given})
     strategy = strategy_cls(run, params, np.zeros(3, dtype=np.float32))
     transport = ScriptedTransport(nodes, train_fn or delta_reply, seed=1)
-    return scripted_engine(run, strategy, transport, LAYOUT, stages=stages_for(run, LAYOUT))
+    stages = stages_for(run, params, LAYOUT)
+    return scripted_engine(run, strategy, transport, LAYOUT, stages=stages)
 
 
 def dp(engine: Engine) -> CentralDP:
@@ -168,7 +176,9 @@ def test_a_client_with_several_updates_in_a_release_is_noised_by_their_summed_we
     expected = replayed_noise(noisy, z, norm, seed=7)
     np.testing.assert_allclose(noisy.strategy.model - clean.strategy.model, expected, atol=1e-5)
     assert dp(noisy).last_std == pytest.approx(z * norm * sums[10])
-    assert dp(noisy).epsilon() == pytest.approx(epsilon_after(noisy.run, 10), rel=1e-12)
+    assert dp(noisy).epsilon() == pytest.approx(
+        Accounting.of(noisy.run).epsilon_after(10), rel=1e-12
+    )
 
 
 def test_the_epsilon_spent_is_flowers_rdp_accountant_over_one_event_per_release() -> None:
@@ -200,10 +210,11 @@ def test_max_epsilon_ends_the_run_at_the_last_release_within_it() -> None:
             **{"dp-noise-multiplier": z, "dp-max-epsilon": budget, "max-versions": 1000},
         )
     )
-    allowed = releases_within(engine.run)
+    accounting = Accounting.of(engine.run)
+    allowed = accounting.releases_within()
     assert engine.version == allowed and 0 < allowed < 1000
     assert engine.stop_reason.startswith("privacy budget: epsilon")
-    assert epsilon_after(engine.run, allowed) <= budget < epsilon_after(engine.run, allowed + 1)
+    assert accounting.epsilon_after(allowed) <= budget < accounting.epsilon_after(allowed + 1)
 
 
 def test_fedasync_clips_the_delta_of_the_model_it_returns() -> None:
@@ -268,7 +279,7 @@ def test_an_update_within_the_float_slack_of_the_norm_is_clipped_to_the_norm() -
     """Client mode accepts a norm up to C (1 + 1e-4) (a float32 clip may land a hair above
     C) and scales it to C: nothing above C enters a release."""
     run = run_config(**{"dp-clipping": "client", "dp-clipping-norm": 1.0})
-    privacy = CentralDP.for_run(run)
+    privacy = CentralDP.for_run(run, rule_params("fedbuff"))
     assert isinstance(privacy, CentralDP)
     over = np.array([1.0 + 5e-5, 0.0, 0.0], np.float32)
     clipped = privacy.clip(Update(0, 0, 0, 0, 1, over), None)
@@ -334,9 +345,10 @@ def test_dp_client_values_omit_keeps_only_what_the_guarantee_covers() -> None:
     `omit`, the rows keep the dispatch schedule; a linear rule keeps its weights too."""
     row = {"client": 1, "task": 7, "staleness": 2, "weight": 0.3, "kappa": 0.8, "late": True}
     omit = {"dp-clipping-norm": 1.0, "dp-client-values": "omit"}
-    fedpsa = CentralDP.for_run(run_config(strategy="fedpsa", **omit))
-    fedbuff = CentralDP.for_run(run_config(**omit))
-    kept = CentralDP.for_run(run_config(strategy="fedpsa", **{"dp-clipping-norm": 1.0}))
+    psa = rule_params("fedpsa")
+    fedpsa = CentralDP.for_run(run_config(strategy="fedpsa", **omit), psa)
+    fedbuff = CentralDP.for_run(run_config(**omit), rule_params("fedbuff"))
+    kept = CentralDP.for_run(run_config(strategy="fedpsa", **{"dp-clipping-norm": 1.0}), psa)
     assert fedpsa is not None and fedbuff is not None and kept is not None
     assert fedpsa.record(row) == {"client": 1, "task": 7, "staleness": 2, "late": True}
     assert fedbuff.record(row) == {k: v for k, v in row.items() if k != "kappa"}
@@ -408,7 +420,7 @@ def test_a_budget_below_one_release_is_refused_before_the_run(
     dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0, "dp-max-epsilon": 0.5}
     run = run_config(**dp)
     with pytest.raises(ConfigError, match=r"dp-max-epsilon 0.5 is below the epsilon of one"):
-        check_budget(run)
+        Accounting.of(run).check_budget()
     runs = tmp_path / "new-runs"
     config = f"dataset=digits runs-dir={runs} " + " ".join(f"{k}={v}" for k, v in dp.items())
     assert main(["run", "--local", "--app", str(ROOT), "--run-config", config]) == 2

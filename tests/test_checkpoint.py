@@ -123,7 +123,7 @@ def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path
     """The ledger, not the checkpoint, holds the releases: the first run was checkpointed
     at version 8 and went on to 10; resumed from 8 to 14, the lineage has made 10 + 6
     releases, and the resumed run's epsilon is theirs."""
-    from fedstale.server_app.stages.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import Accounting
 
     dp = {"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     run(tmp_path, "first", strategy="fedbuff", **dp, **{"max-versions": 10})
@@ -137,7 +137,9 @@ def test_a_resumed_dp_run_accounts_every_release_before_and_after(tmp_path: Path
     lineage = 10 + 14 - saved.version
     assert summary["versions"] == 14 and privacy["releases"] == lineage
     assert privacy["releases_this_run"] == 14 - saved.version
-    assert privacy["epsilon"] == pytest.approx(epsilon_after(config, lineage), rel=1e-12)
+    assert privacy["epsilon"] == pytest.approx(
+        Accounting.of(config).epsilon_after(lineage), rel=1e-12
+    )
     assert privacy["ledger"] == str((first / "privacy-ledger.jsonl").resolve())
 
 

@@ -262,3 +262,40 @@ def test_a_resume_reads_the_old_name_in_an_earlier_runs_config(tmp_path: Path) -
     check_resumable(checkpoint, tmp_path, now)
     with pytest.raises(ConfigError, match="the checkpoint's run had fedqs-fifo-update='newest'"):
         check_resumable(checkpoint, tmp_path, {**now, "fedqs-fifo-update": "uploaded"})
+
+
+def test_buffer_size_is_the_buffered_rules_key_and_run_buffer_size_still_answers() -> None:
+    """`buffer-size` is declared by the rules that buffer (BufferParams), not the run config;
+    a rule written for an earlier fedstale reads `run.buffer_size` until 0.2, warned."""
+    from fedstale.common.config import RunConfig
+    from fedstale.strategies.buffer import BufferParams
+    from fedstale.strategies.registry import STRATEGIES
+
+    assert "buffer_size" not in RunConfig.model_fields
+    buffered = {name for name, cls in STRATEGIES.items() if issubclass(cls.Params, BufferParams)}
+    assert {"fedbuff", "ca2fl", "fedfa", "fedpsa", "safl-fedsgd", "fedqs-sgd"} <= buffered
+    assert not {"fedasync", "fedavg", "pace", "mafsa"} & buffered
+    run, params = load_config({"strategy": "fedbuff", "buffer-size": 3})
+    assert params.buffer_size == 3  # type: ignore[attr-defined]
+    with pytest.warns(DeprecationWarning, match="BufferParams"):
+        assert run.buffer_size == 3
+    with pytest.raises(ConfigError, match="buffer-size"):
+        load_config({"strategy": "fedasync", "buffer-size": 0})  # every rule's keys checked
+
+
+def test_a_library_class_that_does_not_buffer_ignores_buffer_size_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Swapping FedBuff(buffer_size=3) for FedAsync in a ServerApp keeps working until 0.2
+    (one warning line); another rule's own key is still refused."""
+    import fedstale
+
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        swapped = fedstale.FedAsync(buffer_size=3, concurrency=4)
+    assert swapped.settings == {"concurrency": 4}
+    lines = [r.getMessage() for r in caplog.records if "buffer_size" in r.getMessage()]
+    said = "FedAsync: buffer_size=3 is ignored: fedasync does not read it"
+    assert len(lines) == 1 and lines[0].startswith(said)
+    assert fedstale.FedBuff(buffer_size=3).settings == {"buffer-size": 3}
+    with pytest.raises(ConfigError, match=r"^FedAsync: unknown argument 'fedbuff_server_lr'"):
+        fedstale.FedAsync(fedbuff_server_lr=0.5)

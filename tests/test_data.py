@@ -15,6 +15,7 @@ import pytest
 from fedstale.common import data
 from fedstale.common.config import ConfigError
 from fedstale.common.download import DownloadError, RemoteFile, fetch
+from fedstale.common.federation import FederationKey
 from fedstale.common.latency import client_latencies, device_factors, profile_for
 from fedstale.common.partition import partition, split_validation
 from fedstale.common.schema import TaskSpec
@@ -302,14 +303,14 @@ def test_client_share_disk_cache_gives_the_same_data(
 
     cfg = run_config(dataset="digits", num_clients=5)
     monkeypatch.setenv(shares.CACHE_ENV, "")
-    fresh_x, fresh_y = shares.client_data(cfg, 3, "train")
+    fresh_x, fresh_y = shares.client_data(FederationKey.of(cfg), 3, "train")
     shares._client_tensors.cache_clear()
     monkeypatch.setenv(shares.CACHE_ENV, str(tmp_path))
-    written_x, written_y = shares.client_data(cfg, 3, "train")
+    written_x, written_y = shares.client_data(FederationKey.of(cfg), 3, "train")
     assert len(list(tmp_path.glob("*/train-3.npz"))) == 1
     shares._client_tensors.cache_clear()
     federation.build_federation.cache_clear()
-    read_x, read_y = shares.client_data(cfg, 3, "train")
+    read_x, read_y = shares.client_data(FederationKey.of(cfg), 3, "train")
     assert federation.build_federation.cache_info().currsize == 0  # served from disk
     for x, y in ((written_x, written_y), (read_x, read_y)):
         assert np.array_equal(x.numpy(), fresh_x.numpy())

@@ -19,7 +19,8 @@ from fedstale.common.sensitivity import (
     sketch,
     vmap_sensitivity,
 )
-from fedstale.strategies.base import NoParams, Update, View, step_scale
+from fedstale.strategies.base import Update, View, step_scale
+from fedstale.strategies.buffer import BufferParams
 from fedstale.strategies.ca2fl import CA2FL, CA2FLParams
 from fedstale.strategies.fedbuff import FedBuff, FedBuffParams
 from fedstale.strategies.fedfa import FedFa
@@ -45,9 +46,9 @@ def psa_update(
 
 def make_fedpsa(ablation: str = "none") -> FedPSA:
     params = FedPSAParams(
-        fedpsa_queue=3, fedpsa_gamma=5.0, fedpsa_delta=0.5, fedpsa_ablation=ablation
+        buffer_size=2, fedpsa_queue=3, fedpsa_gamma=5.0, fedpsa_delta=0.5, fedpsa_ablation=ablation
     )
-    strategy = FedPSA(run_config(buffer_size=2), params, np.zeros(2))
+    strategy = FedPSA(run_config(), params, np.zeros(2))
     strategy.bind_sketcher(lambda flat: np.array([1.0, 0.0]))
     return strategy
 
@@ -100,7 +101,7 @@ def test_cosine_clamps_zero_norms() -> None:
 
 
 def test_ca2fl_by_hand() -> None:
-    strategy = CA2FL(run_config(num_clients=3, buffer_size=2), CA2FLParams(), np.zeros(2))
+    strategy = CA2FL(run_config(num_clients=3), CA2FLParams(buffer_size=2), np.zeros(2))
     strategy.on_update(update([2, 0], client=0), V0)
     assert strategy.on_update(update([0, 4], client=1), V0).changed
     # first flush: v = S / K = ([2, 0] + [0, 4]) / 2
@@ -114,7 +115,7 @@ def test_ca2fl_by_hand() -> None:
 
 
 def test_fedfa_sliding_window_mean() -> None:
-    strategy = FedFa(run_config(buffer_size=2), NoParams(), np.zeros(1))
+    strategy = FedFa(run_config(), BufferParams(buffer_size=2), np.zeros(1))
     for model, expected in (([2.0], 2.0), ([4.0], 3.0), ([9.0], 6.5)):
         assert strategy.on_update(update(model), V0).changed
         np.testing.assert_allclose(strategy.model, [expected])
@@ -202,22 +203,22 @@ def test_sensitivity_in_sample_chunks_equals_one_batch(monkeypatch: pytest.Monke
 
 def test_client_lr_server_step_scales_every_buffered_rule() -> None:
     """server-step=client-lr (FLGo's convention): the step times lr0 * decay^version."""
-    run = run_config(buffer_size=2, num_clients=2, server_step="client-lr", lr=0.1, lr_decay=0.5)
+    run = run_config(num_clients=2, server_step="client-lr", lr=0.1, lr_decay=0.5)
     scale = 0.1 * 0.5**3  # version 3
 
-    fedbuff = FedBuff(run, FedBuffParams(), np.zeros(1))
+    fedbuff = FedBuff(run, FedBuffParams(buffer_size=2), np.zeros(1))
     at_v3 = View(version=3)
     fedbuff.on_update(update([2.0], staleness=3), at_v3)
     fedbuff.on_update(update([4.0], staleness=0), at_v3)
     # scale / K * ((1 + 3) ** -0.5 * 2 + 4) = 0.0125 / 2 * 5
     np.testing.assert_allclose(fedbuff.model, [scale / 2 * 5], rtol=1e-6)
 
-    ca2fl = CA2FL(run, CA2FLParams(), np.zeros(1))
+    ca2fl = CA2FL(run, CA2FLParams(buffer_size=2), np.zeros(1))
     ca2fl.on_update(update([2.0], client=0), at_v3)
     ca2fl.on_update(update([4.0], client=1), at_v3)
     np.testing.assert_allclose(ca2fl.model, [scale * 3], rtol=1e-6)  # scale * S / K
 
-    fedpsa = FedPSA(run, FedPSAParams(fedpsa_queue=5), np.zeros(1))
+    fedpsa = FedPSA(run, FedPSAParams(buffer_size=2, fedpsa_queue=5), np.zeros(1))
     fedpsa.bind_sketcher(lambda flat: np.array([1.0, 0.0]))
     fedpsa.on_update(psa_update([2.0], [1, 0]), at_v3)
     outcome = fedpsa.on_update(psa_update([4.0], [0, 1]), at_v3)
@@ -225,5 +226,5 @@ def test_client_lr_server_step_scales_every_buffered_rule() -> None:
     assert [r["weight"] for r in outcome.records] == pytest.approx([scale / 2, scale / 2])
     np.testing.assert_allclose(fedpsa.model, [scale * 3], rtol=1e-6)
 
-    spec = FedBuff(run_config(buffer_size=1), FedBuffParams(), np.zeros(1))
+    spec = FedBuff(run_config(), FedBuffParams(buffer_size=1), np.zeros(1))
     assert step_scale(spec.run, 3) == 1.0

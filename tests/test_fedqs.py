@@ -128,8 +128,8 @@ def test_thresholds_are_means_of_the_non_zero_values() -> None:
 
 
 def fedqs(kind: type[q.FedQSSGD] = q.FedQSSGD, **params: object) -> q.FedQSSGD:
-    run = run_config(num_clients=3, concurrency=3, buffer_size=3, lr=0.1)
-    values = {k.replace("_", "-"): v for k, v in params.items()}
+    run = run_config(num_clients=3, concurrency=3, lr=0.1)
+    values = {"buffer-size": 3, **{k.replace("_", "-"): v for k, v in params.items()}}
     strategy = kind(run, q.FedQSParams.model_validate(values), np.zeros(4, dtype=np.float32))
     strategy.bind_segments([(0, 2), (2, 4)])
     return strategy
@@ -238,8 +238,8 @@ def test_uniform_base_weights_are_one_over_k_before_the_feedback_factor() -> Non
 
 
 def safl(update: str) -> q.SaflFedSGD:
-    run = run_config(num_clients=3, concurrency=3, buffer_size=3)
-    params = q.KFifoParams.model_validate({"fedqs-fifo-update": update})
+    run = run_config(num_clients=3, concurrency=3)
+    params = q.KFifoParams.model_validate({"buffer-size": 3, "fedqs-fifo-update": update})
     return q.SaflFedSGD(run, params, np.zeros(2, dtype=np.float32))
 
 

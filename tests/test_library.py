@@ -36,7 +36,7 @@ from fedstale.server_app.flower_strategy import AsyncStrategy
 from fedstale.server_app.nodes import NodesInOrder
 from fedstale.server_app.replies import Arrival
 from fedstale.server_app.results import read_jsonl
-from fedstale.server_app.stages.central_dp import epsilon_after
+from fedstale.server_app.stages.central_dp import Accounting
 from fedstale.server_app.transport import Reply
 from fedstale.strategies.base import Assignment
 from fedstale.strategies.fedpsa import FedPSAKeys
@@ -489,7 +489,7 @@ def test_the_dp_quickstart_clips_on_the_client_and_accounts_at_the_server(
     run_config = RunConfig.model_validate(
         {"num-clients": 4, "concurrency": 4, "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     )
-    assert privacy["epsilon"] == pytest.approx(epsilon_after(run_config, 4), rel=1e-9)
+    assert privacy["epsilon"] == pytest.approx(Accounting.of(run_config).epsilon_after(4), rel=1e-9)
     assert f"Privacy spent: epsilon {privacy['epsilon']:.2f} at delta 1e-05 over 4" in output
     assert "fixedclipping_mod: parameters are clipped" in output
     # the mod sits on the train handler: federated evaluation answers without the norm

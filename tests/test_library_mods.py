@@ -19,6 +19,7 @@ from flwr.app import Context, Message, MessageType, RecordDict
 import fedstale
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import RunConfig
+from fedstale.common.federation import FederationKey
 from fedstale.common.layout import ParamLayout
 from fedstale.common.records import from_array_record, message_content
 from fedstale.common.run_model import data_shape
@@ -141,7 +142,7 @@ def fedstale_local_training(cfg: RunConfig, partition: int) -> Train:
         config = message.content["config"]
         model, _ = client_model(cfg)
         model.load_state_dict(message.content["arrays"].to_torch_state_dict())
-        x, y = client_data(cfg, partition, "train")
+        x, y = client_data(FederationKey.of(cfg), partition, "train")
         local_train(
             model,
             x,
@@ -238,12 +239,14 @@ def test_the_fedqs_mod_measures_the_built_in_spread_and_sets_the_momentum(
         model,
         layout,
         layout.flatten(start),
-        *client_data(cfg, 1, "train"),
+        *client_data(FederationKey.of(cfg), 1, "train"),
         *data_shape(cfg),
     )
     ClassSpread().before(local)
     seen: list[float] = []
-    mod = fedstale.fedqs_mod(lambda: client_model(cfg)[0], lambda ctx: client_data(cfg, 1, "train"))
+    mod = fedstale.fedqs_mod(
+        lambda: client_model(cfg)[0], lambda ctx: client_data(FederationKey.of(cfg), 1, "train")
+    )
     reply = mod(msg, CONTEXT, seen_momentum(seen))
     metrics = {k: reply.content["metrics"][k] for k in local.signals}
     assert metrics == local.signals

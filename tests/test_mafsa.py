@@ -13,6 +13,7 @@ import pytest
 
 from fedstale.client_app.task import client_model, train_task
 from fedstale.common.config import ConfigError
+from fedstale.common.federation import FederationKey
 from fedstale.common.models import get_flat, set_flat
 from fedstale.common.schema import ARRAYS, STALE, TaskSpec
 from fedstale.common.shares import client_data
@@ -223,7 +224,7 @@ def test_a_returning_client_trains_its_stale_model_lazily() -> None:
         config, 1, spec.to_config(), layout.unflatten(start), {STALE: layout.unflatten(stale)}
     )
     set_flat(model, stale)
-    x, y = client_data(config, 1, "train")
+    x, y = client_data(FederationKey.of(config), 1, "train")
     # On the client's thread count, as train_task: the same kernels, so the same bits.
     with limited(config.client_threads):
         for j, lr in enumerate((0.2, 0.1)):  # two offline rounds, the lr halved between them

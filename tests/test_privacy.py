@@ -91,7 +91,6 @@ def dp_rule(name: str, **overrides: Any) -> Any:
         strategy=name,
         num_clients=8,
         concurrency=4,
-        buffer_size=4,
         **{"dp-clipping-norm": C},
         **overrides,
     )
@@ -99,7 +98,7 @@ def dp_rule(name: str, **overrides: Any) -> Any:
     # FedPSA: softmax from the first flush (a queue of 1) at a low temperature, so that
     # one sketch can move every weight
     sharp = {"fedpsa-queue": 1, "fedpsa-gamma": 0.0, "fedpsa-delta": 0.05}
-    params = cls.Params.model_validate(sharp if name == "fedpsa" else {})
+    params = cls.Params.model_validate({"buffer-size": 4, **(sharp if name == "fedpsa" else {})})
     strategy = cls(run, params, np.zeros(DIM, np.float32))
     if name == "fedpsa":
         strategy.bind_sketcher(lambda flat: np.ones(3))
@@ -205,7 +204,7 @@ def test_each_rules_releases_get_noise_of_the_declared_deviation(name: str) -> N
     for update in batch(np.random.default_rng(5), 1 if name == "fedasync" else 4):
         outcome = strategy.on_update(update, V0)
     assert outcome is not None and outcome.changed
-    privacy = CentralDP.for_run(strategy.run)
+    privacy = CentralDP.for_run(strategy.run, strategy.params)
     assert privacy is not None
     clean = strategy.model.copy()
     added = []

@@ -24,7 +24,7 @@ from flwr.supercore.privacy_accounting.rdp_accountant import RdpAccountant
 
 from fedstale.common.config import ConfigError
 from fedstale.server_app import checkpoint
-from fedstale.server_app.stages.central_dp import CentralDP, epsilon_after
+from fedstale.server_app.stages.central_dp import Accounting, CentralDP
 from fedstale.server_app.stages.ledger import LEDGER_FILE, RELEASE, Ledger
 from fedstale.server_app.stages.noise import NOISE_STREAM, SecureGaussian
 from fedstale.server_app.stages.pipeline import Pipeline
@@ -101,7 +101,9 @@ def test_two_forks_of_one_checkpoint_each_count_the_whole_lineage(tmp_path: Path
     config, _ = load_config({**BASE, **DP, "max-versions": 12})
     assert (first["versions"], second["versions"]) == (8, 8)
     assert first["privacy"]["releases"] == 8 and second["privacy"]["releases"] == 12
-    assert second["privacy"]["epsilon"] == pytest.approx(epsilon_after(config, 12), rel=1e-12)
+    assert second["privacy"]["epsilon"] == pytest.approx(
+        Accounting.of(config).epsilon_after(12), rel=1e-12
+    )
     assert releases_of(base) == 12 and not (tmp_path / "fork2" / LEDGER_FILE).exists()
     assert {line["run"] for line in ledger_lines(base)} == {"base", "fork1", "fork2"}
 
@@ -297,14 +299,14 @@ def test_an_accountant_passed_with_releases_stops_the_run_before_it_passes_the_b
     engine = dp_engine(FedBuff, FedBuffParams(), **settings)
     declared = rule_named("fedbuff").dp
     assert declared is not None
-    stage = CentralDP(engine.run, declared, flowers_accountant(3))
+    stage = CentralDP(Accounting.of(engine.run), declared, flowers_accountant(3))
     engine.stages = Pipeline([stage])
     ran(engine)
     assert (engine.version, stage.own, stage.releases) == (1, 1, 1)
     assert stage.epsilon() == pytest.approx(10.73, abs=0.01) and stage.epsilon() <= 12
     assert engine.stop_reason.startswith("privacy budget: epsilon 10.7")
     spent = dp_engine(FedBuff, FedBuffParams(), **settings)
-    spent.stages = Pipeline([CentralDP(spent.run, declared, flowers_accountant(4))])
+    spent.stages = Pipeline([CentralDP(Accounting.of(spent.run), declared, flowers_accountant(4))])
     ran(spent)
     assert spent.version == 0 and spent.stop_reason.startswith("privacy budget")
 
@@ -313,8 +315,8 @@ def test_a_release_past_the_budget_is_withheld_and_the_model_stays_the_last_rele
     run_ = run_config(
         **{"dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0, "dp-max-epsilon": 12.0}
     )
-    strategy = FedBuff(run_, FedBuffParams(), np.zeros(3, np.float32))
-    stage = CentralDP.for_run(run_)
+    strategy = FedBuff(run_, FedBuffParams(buffer_size=2), np.zeros(3, np.float32))
+    stage = CentralDP.for_run(run_, strategy.params)
     assert stage is not None and stage.opening(strategy) == ""
     outcome = Outcome(changed=True, records=[{"client": 0, "weight": 0.5}])
     verdicts = [stage.release_of(strategy, outcome, version) for version in range(1, 5)]

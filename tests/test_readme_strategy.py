@@ -49,7 +49,7 @@ def noted(vector: list[float], staleness: int = 0) -> Update:
 
 def test_the_readme_rule_does_what_its_docstring_says(capped_mean: ModuleType) -> None:
     rule = capped_mean.CappedMean
-    strategy = rule(run_config(buffer_size=2), rule.Params(), np.zeros(2))
+    strategy = rule(run_config(), rule.Params(buffer_size=2), np.zeros(2))
     view = View(version=5)
     dropped = strategy.on_update(noted([9.0, 9.0], staleness=5), view)
     assert not dropped.changed and dropped.records[0]["weight"] == 0.0

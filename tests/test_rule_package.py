@@ -51,8 +51,8 @@ def test_the_package_rule_is_registered_checked_and_exported(package: Path) -> N
     from fedstale.strategies.registry import STRATEGIES, load_config, package_keys
 
     assert STRATEGIES["median-buffer"].__module__ == "median_buffer"
-    _, params = load_config({"strategy": "median-buffer", "median-scale": 0.5})
-    assert params.model_dump(by_alias=True) == {"median-scale": 0.5}
+    _, params = load_config({"strategy": "median-buffer", "median-scale": 0.5, "buffer-size": 3})
+    assert params.model_dump(by_alias=True) == {"buffer-size": 3, "median-scale": 0.5}
     with pytest.raises(ConfigError) as bad:  # the package's key, fixed where its user can
         load_config({"strategy": "fedbuff", "median-scale": -1})
     assert "a key of rule 'median-buffer' (median_buffer): fix it with --run-config" in str(
@@ -61,7 +61,7 @@ def test_the_package_rule_is_registered_checked_and_exported(package: Path) -> N
     assert package_keys() == {"median-scale": 1.0}
     assert "MedianBuffer" in fedstale.__all__
     assert fedstale.MedianBuffer.rule == "median-buffer"
-    rule = STRATEGIES["median-buffer"](run_config(buffer_size=3), params, np.zeros(2))
+    rule = STRATEGIES["median-buffer"](run_config(), params, np.zeros(2))
     for vector in ([1.0, 0.0], [3.0, 10.0], [2.0, -4.0]):
         outcome = rule.on_update(update(vector), View())
     assert outcome.changed

@@ -652,14 +652,14 @@ def test_a_run_whose_holders_all_fall_silent_stops_with_one_line(
 def test_central_dp_noises_the_unmasked_sum_and_accounts_every_release(tmp_path: Path) -> None:
     """Secure aggregation with central DP: the ClientApp clips (the server cannot see the
     update), the server noises each unmasked sum, and the ledger holds every release."""
-    from fedstale.server_app.stages.central_dp import epsilon_after
+    from fedstale.server_app.stages.central_dp import Accounting
 
     dp = {"dp-clipping": "client", "dp-clipping-norm": 1.0, "dp-noise-multiplier": 1.0}
     summary, _ = secure_run(tmp_path, "dp", **dp, **{"max-versions": 4})
     privacy = summary["privacy"]
     assert summary["versions"] == privacy["releases"] == 4 and summary["updates_rejected"] == 0
     run, _ = load_config({**BASE, **SECURE, **dp, "max-versions": 4})
-    assert privacy["epsilon"] == pytest.approx(epsilon_after(run, 4), rel=1e-12)
+    assert privacy["epsilon"] == pytest.approx(Accounting.of(run).epsilon_after(4), rel=1e-12)
     assert summary["secure_aggregation"]["clip_range"] == 1.0  # R follows dp-clipping-norm
 
 

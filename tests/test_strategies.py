@@ -70,7 +70,7 @@ def test_fedasync_mixes_with_decayed_alpha() -> None:
 
 
 def test_fedbuff_flushes_every_k_with_staleness_weights() -> None:
-    strategy = FedBuff(run_config(buffer_size=2), FedBuffParams(), np.array([1.0, 1.0]))
+    strategy = FedBuff(run_config(), FedBuffParams(buffer_size=2), np.array([1.0, 1.0]))
     assert not strategy.on_update(update([2.0, 0.0], staleness=0), V0).changed
     outcome = strategy.on_update(update([0.0, 4.0], staleness=3), V0)
     # w + (1/2) * (1 * [2, 0] + 0.5 * [0, 4]) = [1, 1] + [1, 1]
@@ -81,6 +81,8 @@ def test_fedbuff_flushes_every_k_with_staleness_weights() -> None:
 
 
 def test_fedbuff_server_lr_scales_the_step() -> None:
-    strategy = FedBuff(run_config(buffer_size=1), FedBuffParams(fedbuff_server_lr=0.5), np.zeros(1))
+    strategy = FedBuff(
+        run_config(), FedBuffParams(buffer_size=1, fedbuff_server_lr=0.5), np.zeros(1)
+    )
     strategy.on_update(update([4.0], staleness=8), V0)  # 0.5 * 4 * 9 ** -0.5
     np.testing.assert_allclose(strategy.model, [2.0 / 3.0], rtol=1e-6)

@@ -17,7 +17,7 @@ from flwr.clientapp import ClientApp
 
 from fedstale.client_app.secagg import secagg_mod
 from fedstale.client_app.task import evaluate_task, train_cohort, train_task
-from fedstale.common.config import RunConfig, parse_run_config
+from fedstale.common.config import RunConfig, RunSettings, parse_run_config
 from fedstale.common.records import (
     ArraySets,
     cohort_content,
@@ -43,7 +43,7 @@ def run_config(context: Context) -> RunConfig:
     return _config(frozenset(context.run_config.items()))
 
 
-def partition_problem(context: Context, cfg: RunConfig) -> str:
+def partition_problem(context: Context, cfg: RunSettings) -> str:
     """Why this node cannot serve a client, or "" when its partition-id (and edge-id, which
     a hierarchical run's SuperNode may name) is fine."""
     raw = context.node_config.get("partition-id")
@@ -64,7 +64,7 @@ def partition_problem(context: Context, cfg: RunConfig) -> str:
     return ""
 
 
-def partition_of(context: Context, cfg: RunConfig, config: Mapping[str, Any]) -> int:
+def partition_of(context: Context, cfg: RunSettings, config: Mapping[str, Any]) -> int:
     """The partition a message asks this node to serve: the one the server assigned
     (node-partitions=assign, named in the message), else the node's own partition-id."""
     assigned = config.get(ASSIGNED_PARTITION)

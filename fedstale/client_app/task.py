@@ -22,6 +22,7 @@ from fedstale.common.cohort import (
     unbatched_terms,
 )
 from fedstale.common.config import RunConfig
+from fedstale.common.federation import FederationKey
 from fedstale.common.layout import ParamLayout
 from fedstale.common.models import evaluate, get_flat, set_flat
 from fedstale.common.objectives import objective
@@ -58,8 +59,9 @@ def warm_up(cfg: RunConfig) -> None:
     """What a process's first task would otherwise wait for: the model built and every
     client's training share loaded (both cached per process)."""
     client_model(cfg)
+    key = FederationKey.of(cfg)
     for partition in range(cfg.num_clients):
-        client_data(cfg, partition, "train")
+        client_data(key, partition, "train")
 
 
 @dataclass
@@ -107,7 +109,7 @@ def prepare(
     set_flat(model, start)
     score = start_score(cfg, partition, model) if spec.extra.get(ScoreKeys.ASK) else {}
     device = next(model.parameters()).device
-    x, y = (t.to(device) for t in client_data(cfg, partition, "train"))
+    x, y = (t.to(device) for t in client_data(FederationKey.of(cfg), partition, "train"))
     task = LocalTask(
         cfg,
         partition,
@@ -170,7 +172,7 @@ def holdout_score(
 ) -> tuple[float, float, int]:
     """(metric, mean loss, samples) of `model` on this client's own held-out split."""
     device = next(model.parameters()).device
-    x, y = (t.to(device) for t in client_holdout(cfg, partition))
+    x, y = (t.to(device) for t in client_holdout(FederationKey.of(cfg), partition))
     accuracy, loss = evaluate(model, x, y, cfg.eval_batch_size, objective(cfg.loss, cfg.metric))
     return accuracy, loss, len(y)
 

@@ -10,6 +10,7 @@ import difflib
 import importlib.util
 import math
 import re
+import warnings
 from collections.abc import Iterable, Mapping
 from functools import cache
 from typing import Any, ClassVar, Literal, TypeVar
@@ -18,6 +19,8 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -153,7 +156,6 @@ class RunSettings(KebabModel):
     metric: str = "accuracy"
     num_clients: int = Field(default=50, ge=1)
     concurrency: int = Field(default=10, ge=1)
-    buffer_size: int = Field(default=5, ge=1)
     lr_decay: float = Field(default=0.999, gt=0, le=1)
     server_step: Literal["spec", "client-lr"] = "spec"
     progress_interval: float = Field(default=5.0, gt=0)
@@ -297,6 +299,9 @@ class RunConfig(
     component that reads one section takes that section's type (a RunConfig is each)."""
 
     strategy: str = "fedbuff"
+    # `buffer-size` is the buffered rules' key (fedstale.strategies.buffer.BufferParams);
+    # a rule written for an earlier fedstale reads it here until 0.2, with a warning
+    _buffer_size: int = PrivateAttr(default=5)
 
     @classmethod
     def fields_read_by(cls, reader: str) -> tuple[str, ...]:
@@ -313,6 +318,34 @@ class RunConfig(
     @classmethod
     def _named_or_reference(cls, value: str, info: ValidationInfo) -> str:
         return name_or_reference(info.field_name, value)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_buffer_size(
+        cls, values: Any, handler: ModelWrapValidatorHandler[RunConfig]
+    ) -> RunConfig:
+        run = handler(values)
+        given = (
+            values.get("buffer-size", values.get("buffer_size"))
+            if isinstance(values, Mapping)
+            else None
+        )
+        if isinstance(given, int) and not isinstance(given, bool):
+            run._buffer_size = given
+        return run
+
+    @property
+    def buffer_size(self) -> int:
+        """Deprecated: a buffered rule declares `buffer-size` (BufferParams) and reads
+        `self.params.buffer_size`; read here until fedstale 0.2."""
+        warnings.warn(
+            "run.buffer_size is deprecated: buffer-size is the buffered rules' key; derive "
+            "your rule's Params from fedstale.strategies.buffer.BufferParams and read "
+            "self.params.buffer_size (run.buffer_size is read until fedstale 0.2)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self._buffer_size
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:

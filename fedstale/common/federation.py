@@ -14,7 +14,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import AppSettings, RunConfig
 from fedstale.common.data import Dataset, load_dataset, normalize
 from fedstale.common.partition import partition, split_validation
 
@@ -68,7 +68,7 @@ class FederationKey:
         )
 
 
-def effective_test_split(cfg: RunConfig) -> str:
+def effective_test_split(cfg: AppSettings) -> str:
     """The test split a run really uses."""
     return _split_of(cfg.test_split, load_dataset(cfg.dataset, cfg.data_dir))
 
@@ -127,8 +127,8 @@ def build_federation(key: FederationKey) -> Federation:
     )
 
 
-def federation_of(cfg: RunConfig) -> Federation:
-    return build_federation(FederationKey.of(cfg))
+def federation_of(key: FederationKey) -> Federation:
+    return build_federation(key)
 
 
 def as_tensors(fed: Federation, x: np.ndarray, y: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
@@ -141,5 +141,5 @@ def _test_tensors(key: FederationKey) -> tuple[torch.Tensor, ...]:
     return as_tensors(fed, fed.x_test, fed.y_test)
 
 
-def test_data(cfg: RunConfig) -> tuple[torch.Tensor, ...]:
-    return _test_tensors(FederationKey.of(cfg))
+def test_data(key: FederationKey) -> tuple[torch.Tensor, ...]:
+    return _test_tensors(key)

@@ -8,7 +8,7 @@ from functools import cache
 
 import torch
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import AppSettings, RunConfig
 from fedstale.common.data import load_dataset
 from fedstale.common.models import build_model, resolve_device
 from fedstale.common.shares import cached_file, store
@@ -36,7 +36,7 @@ def dataset_shape(dataset: str, data_dir: str) -> Shape:
     return found
 
 
-def data_shape(cfg: RunConfig) -> Shape:
+def data_shape(cfg: AppSettings) -> Shape:
     """(input shape, number of classes) of the run's dataset."""
     return dataset_shape(cfg.dataset, cfg.data_dir)
 

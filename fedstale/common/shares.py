@@ -15,7 +15,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
-from fedstale.common.config import RunConfig, is_reference
+from fedstale.common.config import is_reference
 from fedstale.common.data import normalize
 from fedstale.common.federation import FederationKey, build_federation
 from fedstale.common.files import write_atomically
@@ -89,15 +89,15 @@ def _client_tensors(key: FederationKey, client: int, split: str) -> tuple[torch.
     return torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
 
 
-def client_data(cfg: RunConfig, client: int, split: str = "train") -> tuple[torch.Tensor, ...]:
+def client_data(key: FederationKey, client: int, split: str = "train") -> tuple[torch.Tensor, ...]:
     """(x, y) tensors of one client's `train` or `val` split, normalised, cached."""
-    if not 0 <= client < cfg.num_clients:
-        raise ValueError(f"client {client} outside 0..{cfg.num_clients - 1}")
-    return _client_tensors(FederationKey.of(cfg), client, split)
+    if not 0 <= client < key.num_clients:
+        raise ValueError(f"client {client} outside 0..{key.num_clients - 1}")
+    return _client_tensors(key, client, split)
 
 
-def client_holdout(cfg: RunConfig, client: int) -> tuple[torch.Tensor, ...]:
+def client_holdout(key: FederationKey, client: int) -> tuple[torch.Tensor, ...]:
     """The split a client's own model is scored on: its held-out split, or its training
     split when it has none (client-val-fraction 0)."""
-    x, y = client_data(cfg, client, "val")
-    return (x, y) if len(y) else client_data(cfg, client, "train")
+    x, y = client_data(key, client, "val")
+    return (x, y) if len(y) else client_data(key, client, "train")

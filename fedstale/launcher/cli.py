@@ -332,9 +332,9 @@ def command(argv: list[str]) -> int:
         if args.overwrite:
             pairs["overwrite"] = True
         if name == "check":
-            run, _, _ = preflight(app, pairs, args.federation_config)
+            run, params, _ = preflight(app, pairs, args.federation_config)
             ray_cluster(os.environ, federation_options(args.federation_config))
-            for note in dominance_notes(run):
+            for note in dominance_notes(run, params):
                 print(f"fedstale: DP: {note}", file=sys.stderr)
             print(f"fedstale: config ok ({run.strategy} on {run.dataset})", file=sys.stderr)
             for line in package_rules():

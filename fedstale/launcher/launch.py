@@ -21,6 +21,7 @@ from fedstale.common.config import (
     ConfigError,
     KebabModel,
     RunConfig,
+    RunSettings,
     score_words,
 )
 from fedstale.server_app.results import run_name, runs_root
@@ -244,7 +245,7 @@ def preflight(
     return run, params, overrides
 
 
-def report(run: RunConfig, run_dir: Path, started: float, failure: str) -> int:
+def report(run: RunSettings, run_dir: Path, started: float, failure: str) -> int:
     """The closing line (the result, or `failure`: what failed and how to resume) and the
     exit code."""
     if not finished(run_dir, started):

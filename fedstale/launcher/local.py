@@ -8,12 +8,12 @@ from functools import partial
 
 from fedstale.client_app.secagg import TrainFn, secure_train
 from fedstale.client_app.task import evaluate_task, train_cohorts, train_task, warm_up
-from fedstale.common.config import RunConfig
+from fedstale.common.config import RunConfig, SecureSettings
 from fedstale.launcher.inprocess import CohortPool, CohortTransport, InProcessTransport
 from fedstale.launcher.pool import PooledTransport
 
 
-def trainer_for(run: RunConfig) -> TrainFn:
+def trainer_for(run: SecureSettings) -> TrainFn:
     """fedstale's train function, behind secure aggregation's client half when it is on."""
     return partial(secure_train, train_task) if run.secure_aggregation else train_task
 

@@ -14,10 +14,10 @@ from fedstale.common.config import (
     KebabModel,
     RunConfig,
 )
-from fedstale.common.federation import effective_test_split, federation_of, test_data
+from fedstale.common.federation import FederationKey, effective_test_split, federation_of, test_data
 from fedstale.common.layout import ParamLayout
 from fedstale.common.models import evaluate, get_flat, set_flat
-from fedstale.common.objectives import objective
+from fedstale.common.objectives import Objective, objective
 from fedstale.common.run_model import run_model
 from fedstale.common.shares import client_holdout
 from fedstale.common.threads import blas_threads
@@ -34,47 +34,49 @@ from fedstale.strategies.base import ModelServices, Setup, TorchModel
 log = logging.getLogger("fedstale")
 
 
-def make_evaluator(run: RunConfig, model: torch.nn.Module) -> Evaluator:
+def make_evaluator(
+    key: FederationKey, scoring: Objective, batch_size: int, model: torch.nn.Module
+) -> Evaluator:
     """A function scoring a flat parameter vector on the test set."""
-    x_test, y_test = test_data(run)
-    scoring = objective(run.loss, run.metric)
+    x_test, y_test = test_data(key)
 
     def score(flat: np.ndarray) -> tuple[float, float]:
         set_flat(model, flat)
-        return evaluate(model, x_test, y_test, run.eval_batch_size, scoring)
+        return evaluate(model, x_test, y_test, batch_size, scoring)
 
     return score
 
 
-def make_client_scorer(run: RunConfig, model: torch.nn.Module) -> ClientScorer:
+def make_client_scorer(
+    key: FederationKey, scoring: Objective, batch_size: int, model: torch.nn.Module
+) -> ClientScorer:
     """Scores a client's model on that client's own held-out split, exactly as its
     ClientApp's evaluate handler would (fedstale/client_app/task.py evaluate_task)."""
-    scoring = objective(run.loss, run.metric)
 
     def score(client: int, flat: np.ndarray) -> tuple[float, float]:
         set_flat(model, flat)
-        x, y = client_holdout(run, client)
-        return evaluate(model, x, y, run.eval_batch_size, scoring)
+        x, y = client_holdout(key, client)
+        return evaluate(model, x, y, batch_size, scoring)
 
     return score
 
 
-def setup_for(run: RunConfig, layout: ParamLayout) -> Setup:
+def setup_for(key: FederationKey, layout: ParamLayout) -> Setup:
     """What every rule may take before the run (Strategy.bind)."""
-    fed = federation_of(run)
+    fed = federation_of(key)
     return Setup(
         segments=tuple(layout.segments),
         client_sizes=np.array([len(idx) for idx in fed.train_idx], dtype=np.float64),
     )
 
 
-def services_for(run: RunConfig, model: torch.nn.Module) -> ModelServices:
+def services_for(key: FederationKey, model: torch.nn.Module) -> ModelServices:
     """What a rule computing on the model at the server may take (ServerModel): the run's
     model and the test split; nothing is computed until the rule asks for it."""
-    fed = federation_of(run)
+    fed = federation_of(key)
     return ModelServices(
         model=lambda: TorchModel(model, fed.input_shape, fed.num_classes),
-        held_out=lambda setting: test_data(run),
+        held_out=lambda setting: test_data(key),
     )
 
 
@@ -127,16 +129,24 @@ class AppDoor(Door):
         return self.torch_model
 
     def setup(self, model: Model) -> Setup:
-        return setup_for(self.run, model.layout)
+        return setup_for(FederationKey.of(self.run), model.layout)
 
     def services(self, model: Model) -> ModelServices:
-        return services_for(self.run, self.module())
+        return services_for(FederationKey.of(self.run), self.module())
 
     def evaluator(self, model: Model, version: Callable[[], int]) -> Evaluator:
-        return make_evaluator(self.run, self.module())
+        return make_evaluator(*self.scoring(), self.module())
 
     def client_scorer(self) -> ClientScorer:
-        return make_client_scorer(self.run, self.module())
+        return make_client_scorer(*self.scoring(), self.module())
+
+    def scoring(self) -> tuple[FederationKey, Objective, int]:
+        """What the server scores on and with: the clients' data, the objective, the batch."""
+        return (
+            FederationKey.of(self.run),
+            objective(self.run.loss, self.run.metric),
+            self.run.eval_batch_size,
+        )
 
     def plot_title(self) -> str:
         return f"{self.run.strategy} on {self.run.dataset}"

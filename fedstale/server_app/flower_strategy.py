@@ -62,7 +62,12 @@ from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.stages.central_dp import CentralDP
 from fedstale.server_app.transport import GridTransport, Transport
 from fedstale.strategies.base import ModelServices, Setup, TorchModel
-from fedstale.strategies.registry import STRATEGIES, load_config, rule_named, with_new_names
+from fedstale.strategies.registry import (
+    STRATEGIES,
+    load_config,
+    rule_named,
+    with_new_names,
+)
 
 log = logging.getLogger("fedstale")
 FLOWER_LOGGER = "flwr"  # Flower's own logger (flwr.supercore.logger)
@@ -70,6 +75,10 @@ EvaluateFn = Callable[[int, ArrayRecord], MetricRecord | None]
 ShouldStop = Callable[[int, Result], bool]
 WALL_EVAL_SECONDS = 10.0  # evaluate_fn's period on the wall clock unless eval_interval is set
 OWN_ARGUMENTS = ("num_clients", "min_available_nodes", "fraction_evaluate")
+# Arguments every class took before they became some rules' keys: another class still
+# takes them, with one warning line, so that swapping FedBuff for FedAsync in a ServerApp
+# keeps working (a type checker flags them); until fedstale 0.2
+FORMERLY_EVERY_CLASS = ("buffer_size",)
 
 
 class LibraryArguments(
@@ -153,10 +162,17 @@ class AsyncStrategy(LibraryArguments):
         or one ConfigError line naming an unknown argument and the closest known one."""
         kebab = with_new_names({key.replace("_", "-"): v for key, v in given.items()})
         named = {key.replace("-", "_"): value for key, value in kebab.items()}
-        unknown = sorted(set(named) - set(cls.model_fields))
-        if unknown:
-            hint = did_you_mean(unknown[0], cls.model_fields, "see docs/library.md")
-            raise ConfigError(f"{cls.__name__}: unknown argument '{unknown[0]}'; {hint}")
+        for name in sorted(set(named) - set(cls.model_fields)):
+            if name not in FORMERLY_EVERY_CLASS:
+                hint = did_you_mean(name, cls.model_fields, "see docs/library.md")
+                raise ConfigError(f"{cls.__name__}: unknown argument '{name}'; {hint}")
+            log.warning(
+                "%s: %s=%r is ignored: %s does not read it (only the buffered rules do); drop it",
+                cls.__name__,
+                name,
+                named.pop(name),
+                cls.rule,
+            )
         return named
 
     # ---------------------------------------------------------------- configuration
@@ -244,15 +260,15 @@ class AsyncStrategy(LibraryArguments):
         except ConfigError as err:
             message = str(err).replace(FIX_HINT, f"fix {type(self).__name__}(...)'s arguments")
             raise ConfigError(message) from None
-        self.check_release(run)
+        self.check_release(run, params)
         return run, params
 
-    def check_release(self, run: RunConfig) -> None:
+    def check_release(self, run: RunConfig, params: KebabModel) -> None:
         """Flower's num_sampled_clients (the DP wrappers') is the rule's updates per release."""
         release = rule_named(self.rule).dp
         if self._per_release is None or release is None:
             return
-        actual = release.per_release(run)
+        actual = release.per_release(run, params)
         if actual != self._per_release:
             raise ConfigError(
                 f"num_sampled_clients={self._per_release}, but {type(self).__name__} releases "

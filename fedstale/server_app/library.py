@@ -19,6 +19,7 @@ from fedstale.server_app.flower_strategy import (
     TopologyArguments,
 )
 from fedstale.strategies.base import NoParams
+from fedstale.strategies.buffer import BufferParams
 from fedstale.strategies.ca2fl import CA2FLParams
 from fedstale.strategies.fedasync import FedAsyncParams
 from fedstale.strategies.fedbuff import FedBuffParams
@@ -58,7 +59,7 @@ class CA2FL(AsyncStrategy, CA2FLParams):
     rule: ClassVar[str] = "ca2fl"
 
 
-class FedFa(AsyncStrategy, NoParams):
+class FedFa(AsyncStrategy, BufferParams):
     rule: ClassVar[str] = "fedfa"
 
 

@@ -25,7 +25,9 @@ import numpy as np
 from fedstale.common.config import (
     ConfigError,
     KebabModel,
+    PrivacySettings,
     RunConfig,
+    RunSettings,
     score_key,
     score_label,
     score_words,
@@ -52,7 +54,11 @@ from fedstale.server_app.results import (
 )
 from fedstale.server_app.scored import ClientScorer, Evaluator
 from fedstale.server_app.stages import stages_for
-from fedstale.server_app.stages.central_dp import check_budget, check_resume, privacy_words
+from fedstale.server_app.stages.central_dp import (
+    Accounting,
+    check_resume,
+    privacy_words,
+)
 from fedstale.server_app.summary import summarize
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.base import ModelServices, ServerModel, Setup, Strategy, Topology
@@ -140,7 +146,7 @@ class Door(ABC):
 
 
 def prepare_folder(
-    run: RunConfig, settings: dict[str, Any], name: str
+    run: RunSettings, settings: dict[str, Any], name: str
 ) -> tuple[checkpoint.Checkpoint | None, dict[str, list[str]]]:
     """The runs directory, the checkpoint to resume (and its rows, if it was written with
     these `settings`), the folder's earlier run: each refuses the run in one line before
@@ -161,7 +167,9 @@ def prepare(
 ) -> tuple[str, dict[str, Any], checkpoint.Checkpoint | None, dict[str, list[str]]]:
     """Everything that can refuse the run before its folder is touched."""
     run = door.run
-    check_budget(run)  # before any folder: a refused budget leaves no runs directory
+    Accounting.of(
+        run
+    ).check_budget()  # before any folder: a refused budget leaves no runs directory
     name = door.name()
     settings = door.settings(params, name)
     resumed, kept = prepare_folder(run, settings, name)
@@ -248,12 +256,14 @@ def make_engine(
     contract = door.contract or FedstaleContract()
     nodes = door.nodes() or NodeBook(run.num_clients)
     federation = Federation(transport, nodes, layout, latency, contract)
-    stages = stages_for(run, layout, door.accountant(), recorder.dir, recorder.dir.name)
+    stages = stages_for(
+        run, strategy.params, layout, door.accountant(), recorder.dir, recorder.dir.name
+    )
     engine = Engine(run, strategy, federation, scores, listeners, stages)
     return engine
 
 
-def check_noise_seed(run: RunConfig, transport: Transport) -> None:
+def check_noise_seed(run: PrivacySettings, transport: Transport) -> None:
     """`dp-noise-seed` makes the noise replayable, hence subtractable by whoever knows the
     seed: refused in a deployment, said in a simulation (tests, debugging)."""
     if run.dp_noise_seed < 0:
@@ -309,7 +319,7 @@ def finish(
     return summary
 
 
-def done_line(run: RunConfig, summary: dict[str, Any], recorder: RunRecorder) -> str:
+def done_line(run: RunSettings, summary: dict[str, Any], recorder: RunRecorder) -> str:
     scored = math.isfinite(summary_score(summary, run.metric, "final"))
     score = f"{score_words(summary, run.metric)}, " if scored else ""
     privacy = f"{privacy_words(summary)}, " if privacy_words(summary) else ""

@@ -6,7 +6,18 @@ from __future__ import annotations
 
 from typing import Generic, TypeVar
 
+from pydantic import Field
+
+from fedstale.common.config import KebabModel
+
 Item = TypeVar("Item")
+
+
+class BufferParams(KebabModel):
+    """The key every buffered rule declares: K, the updates one flush (or window) holds.
+    One key for all of them, so that a grid compares the rules at the same K."""
+
+    buffer_size: int = Field(default=5, ge=1)
 
 
 class Buffer(Generic[Item]):

@@ -13,13 +13,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import KebabModel
 from fedstale.strategies.base import Outcome, Strategy, Update, View, step_scale, update_record
-from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.buffer import Buffer, BufferParams
 from fedstale.strategies.rule import Rule
 
 
-class CA2FLParams(KebabModel):
+class CA2FLParams(BufferParams):
     ca2fl_server_lr: float = Field(default=1.0, gt=0)
 
 
@@ -33,7 +32,7 @@ class CA2FL(Strategy[CA2FLParams]):
         self.cache = np.zeros((self.run.num_clients, size), dtype=np.float32)
         self.cache_mean = np.zeros(size, dtype=np.float64)
         self.accumulator = np.zeros(size, dtype=np.float64)
-        self.arrived: Buffer[Update] = Buffer(self.run.buffer_size)
+        self.arrived: Buffer[Update] = Buffer(self.params.buffer_size)
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.accumulator += update.vector.astype(np.float64) - self.cache[update.client]
@@ -42,11 +41,11 @@ class CA2FL(Strategy[CA2FLParams]):
         if batch is None:
             return Outcome()
         eta = self.params.ca2fl_server_lr * step_scale(self.run, view.version)
-        step = self.cache_mean + self.accumulator / self.run.buffer_size
+        step = self.cache_mean + self.accumulator / self.params.buffer_size
         self.model = (self.model + eta * step).astype(np.float32)
         self.cache_mean = self.cache.astype(np.float64).mean(axis=0)
         self.accumulator[:] = 0.0
-        weight = eta / self.run.buffer_size
+        weight = eta / self.params.buffer_size
         return Outcome(changed=True, records=[update_record(u, weight) for u in batch])
 
 

@@ -11,9 +11,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import KebabModel
 from fedstale.strategies.base import Outcome, Strategy, Update, View, step_scale, update_record
-from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.buffer import Buffer, BufferParams
 from fedstale.strategies.privacy import LINEAR, Release
 from fedstale.strategies.rule import Rule
 from fedstale.strategies.staleness import Staleness
@@ -21,7 +20,7 @@ from fedstale.strategies.staleness import Staleness
 DISCOUNT = Staleness("poly", 0.5)  # (1 + tau)^-0.5
 
 
-class FedBuffParams(KebabModel):
+class FedBuffParams(BufferParams):
     fedbuff_server_lr: float = Field(default=1.0, gt=0)
 
 
@@ -31,10 +30,10 @@ class FedBuff(Strategy[FedBuffParams]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
+        self.buffer: Buffer[Update] = Buffer(self.params.buffer_size)
 
     def weight(self, staleness: int, version: int) -> float:
-        size = self.run.buffer_size
+        size = self.params.buffer_size
         eta = self.params.fedbuff_server_lr * step_scale(self.run, version)
         return eta / size * DISCOUNT(staleness)
 

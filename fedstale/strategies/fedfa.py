@@ -13,17 +13,18 @@ import numpy as np
 
 from fedstale.common.schema import RETURN_MODEL
 from fedstale.strategies.base import Outcome, Strategy, Update, View, update_record
+from fedstale.strategies.buffer import BufferParams
 from fedstale.strategies.rule import Rule
 
 
-class FedFa(Strategy):
+class FedFa(Strategy[BufferParams]):
     name = "fedfa"
     returns = RETURN_MODEL
     kept = ("window",)
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.window: deque[np.ndarray] = deque(maxlen=self.run.buffer_size)
+        self.window: deque[np.ndarray] = deque(maxlen=self.params.buffer_size)
 
     def on_update(self, update: Update, view: View) -> Outcome:
         self.window.append(update.vector.astype(np.float32))

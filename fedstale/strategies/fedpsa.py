@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.config import ConfigError, RunConfig
 from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     Assignment,
@@ -41,7 +41,7 @@ from fedstale.strategies.base import (
     step_scale,
     update_record,
 )
-from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.buffer import Buffer, BufferParams
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.privacy import CONVEX, Release
 from fedstale.strategies.rule import Rule
@@ -80,7 +80,7 @@ class FedPSAKeys:
     UPDATE_NORM_SQ = "update-norm-sq"
 
 
-class FedPSAParams(KebabModel):
+class FedPSAParams(BufferParams):
     fedpsa_sketch_dim: int = Field(default=16, ge=1)
     fedpsa_queue: int = Field(default=50, ge=1)
     fedpsa_gamma: float = Field(default=5.0, ge=0)
@@ -258,7 +258,7 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.buffer: Buffer[Update] = Buffer(self.run.buffer_size)
+        self.buffer: Buffer[Update] = Buffer(self.params.buffer_size)
         self.queue: deque[float] = deque(maxlen=self.params.fedpsa_queue)
         self.m0: float | None = None
         self.sketch_global: Sketcher | None = None

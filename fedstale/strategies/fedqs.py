@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.config import RunConfig
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     Assignment,
@@ -29,7 +29,7 @@ from fedstale.strategies.base import (
     View,
     update_record,
 )
-from fedstale.strategies.buffer import Buffer
+from fedstale.strategies.buffer import Buffer, BufferParams
 from fedstale.strategies.client import ClientRule, LocalTask
 from fedstale.strategies.privacy import LINEAR, Release
 from fedstale.strategies.rule import Rule
@@ -140,7 +140,7 @@ def aggregation_weights(
 # ---------------------------------------------------------------------------- the rules
 
 
-class KFifoParams(KebabModel):
+class KFifoParams(BufferParams):
     # Which update of a client a FIFO entry aggregates: the one it uploaded, or (the FedQS
     # authors' simulator, whose queue holds a file the client overwrites when it retrains)
     # the client's newest by the time the entry is aggregated.
@@ -196,7 +196,7 @@ class KFifo(Strategy[FifoParams]):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.fifo: Buffer[Queued] = Buffer(self.run.buffer_size)
+        self.fifo: Buffer[Queued] = Buffer(self.params.buffer_size)
         self.newest: dict[int, np.ndarray] = {}  # fedqs-fifo-update=newest: each client's latest
 
     @classmethod

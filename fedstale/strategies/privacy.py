@@ -27,10 +27,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import RunConfig, RunSettings
+from fedstale.common.config import RunSettings
 
 LINEAR = "linear"
 CONVEX = "convex"
@@ -80,15 +81,16 @@ def release_sensitivity(
     raise ValueError(f"unknown release kind '{kind}'")
 
 
-def one(run: RunSettings) -> int:
+def one(run: RunSettings, params: Any) -> int:
     return 1
 
 
-def buffered(run: RunSettings) -> int:
-    return run.buffer_size
+def buffered(run: RunSettings, params: Any) -> int:
+    """K of a rule whose Params derive from BufferParams (fedstale/strategies/buffer.py)."""
+    return int(params.buffer_size)
 
 
-def cohort(run: RunSettings) -> int:
+def cohort(run: RunSettings, params: Any) -> int:
     return run.concurrency
 
 
@@ -96,10 +98,10 @@ def cohort(run: RunSettings) -> int:
 class Release:
     """How a rule releases a new global model under DP, declared beside the rule: the
     `kind` of its sensitivity (LINEAR or CONVEX) and how many updates one release holds
-    (`per_release(run)`: Flower's `num_sampled_clients`)."""
+    (`per_release(run, params)`: Flower's `num_sampled_clients`)."""
 
     kind: str
-    per_release: Callable[[RunConfig], int] = buffered
+    per_release: Callable[[RunSettings, Any], int] = buffered
     # the rule's kept attributes that hold only released models and the public schedule:
     # under DP (client values omitted) a checkpoint keeps these alone, the others start
     # afresh on resume

@@ -24,7 +24,9 @@ from fedstale.common.config import (
     KEYS_HINT,
     ConfigError,
     KebabModel,
+    PrivacySettings,
     RunConfig,
+    RunSettings,
     did_you_mean,
     parse_model,
 )
@@ -213,7 +215,7 @@ def load_config(values: Mapping[str, Any]) -> tuple[RunConfig, KebabModel]:
     try:
         check_labels(rule, run)
         check_privacy(rule, run)
-        check_secure(rule, run)
+        check_secure(rule, run, all_params)
         rule.strategy.check(run, params)
     except ValueError as err:
         raise ConfigError(f"run config: {err}; {FIX_HINT}") from None
@@ -238,10 +240,17 @@ def is_built_in(rule: Rule) -> bool:
 
 
 def package_defaults() -> dict[str, dict[str, Any]]:
-    """Each installed package's rule by name: its own keys with their defaults."""
+    """Each installed package's rule by name: the keys it adds, with their defaults (not
+    those fedstale's own rules declare already, such as `buffer-size`)."""
+    rules = declarations().values()
+    built_in = RunConfig.keys().union(*(r.strategy.Params.keys() for r in rules if is_built_in(r)))
     return {
-        name: rule.strategy.Params().model_dump(by_alias=True)
-        for name, rule in declarations().items()
+        rule.name: {
+            key: value
+            for key, value in rule.strategy.Params().model_dump(by_alias=True).items()
+            if key not in built_in
+        }
+        for rule in rules
         if not is_built_in(rule)
     }
 
@@ -264,7 +273,7 @@ def package_keys() -> dict[str, Any]:
     return keys
 
 
-def check_labels(rule: Rule, run: RunConfig) -> None:
+def check_labels(rule: Rule, run: RunSettings) -> None:
     if rule.labels and run.loss != "cross-entropy":
         raise ValueError(
             f"strategy {rule.name} needs loss=cross-entropy on class labels ({rule.labels}); "
@@ -272,7 +281,7 @@ def check_labels(rule: Rule, run: RunConfig) -> None:
         )
 
 
-def check_privacy(rule: Rule, run: RunConfig) -> None:
+def check_privacy(rule: Rule, run: PrivacySettings) -> None:
     if run.clips and rule.dp is None:
         why = rule.no_dp or "it declares no release sensitivity (Rule(dp=...))"
         able = ", ".join(name for name, r in declarations().items() if r.dp is not None)
@@ -282,7 +291,7 @@ def check_privacy(rule: Rule, run: RunConfig) -> None:
         )
 
 
-def check_secure(rule: Rule, run: RunConfig) -> None:
+def check_secure(rule: Rule, run: RunConfig, all_params: Mapping[str, KebabModel]) -> None:
     """Secure aggregation needs a release that is a weighted sum of at least two updates'
     deltas with public weights (`Release(LINEAR)`, as central DP declares it), whose sum
     the field holds."""
@@ -294,7 +303,7 @@ def check_secure(rule: Rule, run: RunConfig) -> None:
     able = ", ".join(
         name
         for name, r in declarations().items()
-        if r.dp is not None and r.dp.kind == LINEAR and r.dp.per_release(run) > 1
+        if r.dp is not None and r.dp.kind == LINEAR and r.dp.per_release(run, all_params[name]) > 1
     )
     if rule.dp is None or rule.dp.kind != LINEAR:
         why = "its release is not declared a weighted sum of deltas with public weights"
@@ -302,7 +311,7 @@ def check_secure(rule: Rule, run: RunConfig) -> None:
             f"strategy {rule.name} cannot take secure aggregation: {why}; the rules that "
             f"can: {able}"
         )
-    updates = rule.dp.per_release(run)
+    updates = rule.dp.per_release(run, all_params[rule.name])
     if updates < 2:
         raise ValueError(
             f"strategy {rule.name} releases every update alone, so its release would show "

@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import KebabModel, RunConfig
 from fedstale.common.layout import ParamLayout
 from fedstale.server_app.stages.central_dp import CentralDP
 from fedstale.server_app.stages.pipeline import Stage
@@ -17,6 +17,7 @@ from fedstale.server_app.stages.secure import SecureAggregation
 
 def stages_for(
     run: RunConfig,
+    params: KebabModel,
     layout: ParamLayout,
     accountant: Any = None,
     folder: Path | None = None,
@@ -27,7 +28,7 @@ def stages_for(
     stages: list[Stage] = []
     if run.secure_aggregation:
         stages.append(SecureAggregation(run, layout))
-    privacy = CentralDP.for_run(run, accountant, folder, name)
+    privacy = CentralDP.for_run(run, params, accountant, folder, name)
     if privacy is not None:
         stages.append(privacy)
     return stages

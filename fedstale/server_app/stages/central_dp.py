@@ -28,13 +28,13 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.config import ConfigError, KebabModel, PrivacySettings, RunConfig, RunSettings
 from fedstale.common.files import resume_folder
 from fedstale.common.schema import CLIPPING_NORM, RETURN_MODEL, InvalidReply
 from fedstale.server_app.stages.accounting import (
@@ -77,72 +77,82 @@ SAMPLING = "no amplification"
 UNIT = "one client: every update of one data partition"
 
 
-def accountant_for(run: RunConfig) -> Accountant:
-    """The RDP accountant for this run (Flower's numbers), or with `dp-accountant=pld` the
-    PLD accountant of the same events (fedstale/server_app/stages/accounting.py)."""
-    kind = PldAccountant if run.dp_accountant == "pld" else RdpAccountant
-    config = AccountingConfig(
-        target_delta=run.dp_target_delta,
-        population_size=run.num_clients,
-        max_epsilon=run.dp_max_epsilon or None,
-    )
-    return kind(config)
+@dataclass(frozen=True)
+class Accounting:
+    """The arithmetic of a run's privacy budget: its DP settings and the population an
+    event is counted over (every client of the run)."""
 
+    privacy: PrivacySettings
+    population: int
 
-def event_for(run: RunConfig, updates: int) -> GaussianRelease:
-    return GaussianRelease(
-        noise_multiplier=run.dp_noise_multiplier,
-        sample_size=max(1, min(updates, run.num_clients)),
-        population_size=run.num_clients,
-    )
+    @classmethod
+    def of(cls, run: RunConfig) -> Accounting:
+        return cls(run, run.num_clients)
 
-
-def epsilon_after(run: RunConfig, releases: int) -> float:
-    """Epsilon at `dp-target-delta` after `releases` releases (none: 0)."""
-    if releases <= 0:
-        return 0.0
-    accountant = accountant_for(run)
-    accountant.compose(event_for(run, 1), releases)
-    return float(accountant.get_epsilon(run.dp_target_delta))
-
-
-def releases_within(run: RunConfig, ceiling: int = 10**9) -> int:
-    """The most releases whose epsilon stays within `dp-max-epsilon` (epsilon grows with
-    every release: a doubling, then a bisection)."""
-    limit = run.dp_max_epsilon
-    if epsilon_after(run, 1) > limit:
-        return 0
-    low, high = 1, 2
-    while high < ceiling and epsilon_after(run, high) <= limit:
-        low, high = high, high * 2
-    while high - low > 1:
-        middle = (low + high) // 2
-        low, high = (middle, high) if epsilon_after(run, middle) <= limit else (low, middle)
-    return low
-
-
-def check_budget(run: RunConfig) -> None:
-    """Refuse, before the run, a budget that not even one release fits in."""
-    first = epsilon_after(run, 1) if run.dp_max_epsilon else 0.0
-    if first > run.dp_max_epsilon:  # no release fits: releases_within would say 0
-        raise ConfigError(
-            f"run config: dp-max-epsilon {run.dp_max_epsilon:g} is below the epsilon of one "
-            f"release ({first:.3g} at dp-target-delta {run.dp_target_delta:g} with "
-            f"dp-noise-multiplier {run.dp_noise_multiplier:g}); raise either"
+    def accountant(self) -> Accountant:
+        """The RDP accountant (Flower's numbers), or with `dp-accountant=pld` the PLD
+        accountant of the same events (fedstale/server_app/stages/accounting.py)."""
+        kind = PldAccountant if self.privacy.dp_accountant == "pld" else RdpAccountant
+        config = AccountingConfig(
+            target_delta=self.privacy.dp_target_delta,
+            population_size=self.population,
+            max_epsilon=self.privacy.dp_max_epsilon or None,
         )
+        return kind(config)
+
+    def event(self, updates: int) -> GaussianRelease:
+        return GaussianRelease(
+            noise_multiplier=self.privacy.dp_noise_multiplier,
+            sample_size=max(1, min(updates, self.population)),
+            population_size=self.population,
+        )
+
+    def epsilon_after(self, releases: int) -> float:
+        """Epsilon at `dp-target-delta` after `releases` releases (none: 0)."""
+        if releases <= 0:
+            return 0.0
+        accountant = self.accountant()
+        accountant.compose(self.event(1), releases)
+        return float(accountant.get_epsilon(self.privacy.dp_target_delta))
+
+    def releases_within(self, ceiling: int = 10**9) -> int:
+        """The most releases whose epsilon stays within `dp-max-epsilon` (epsilon grows with
+        every release: a doubling, then a bisection)."""
+        limit = self.privacy.dp_max_epsilon
+        if self.epsilon_after(1) > limit:
+            return 0
+        low, high = 1, 2
+        while high < ceiling and self.epsilon_after(high) <= limit:
+            low, high = high, high * 2
+        while high - low > 1:
+            middle = (low + high) // 2
+            fits = self.epsilon_after(middle) <= limit
+            low, high = (middle, high) if fits else (low, middle)
+        return low
+
+    def check_budget(self) -> None:
+        """Refuse, before the run, a budget that not even one release fits in."""
+        privacy = self.privacy
+        first = self.epsilon_after(1) if privacy.dp_max_epsilon else 0.0
+        if first > privacy.dp_max_epsilon:  # no release fits: releases_within would say 0
+            raise ConfigError(
+                f"run config: dp-max-epsilon {privacy.dp_max_epsilon:g} is below the epsilon "
+                f"of one release ({first:.3g} at dp-target-delta {privacy.dp_target_delta:g} "
+                f"with dp-noise-multiplier {privacy.dp_noise_multiplier:g}); raise either"
+            )
 
 
 SCHEDULE_FIELDS = ("client", "task", "staleness", "late")  # public: the dispatch schedule
 
 
-def dominance_notes(run: RunConfig) -> list[str]:
+def dominance_notes(run: RunConfig, params: KebabModel) -> list[str]:
     """Configurations under which one client holds several updates of a release: the noise
     follows that client's summed weights (the guarantee holds; the noise grows)."""
     release = rule_named(run.strategy).dp if run.clips else None
     if release is None:
         return []
     notes = []
-    per_release, clients = release.per_release(run), run.num_clients
+    per_release, clients = release.per_release(run, params), run.num_clients
     if release.kind == LINEAR and per_release > clients:
         notes.append(
             f"{per_release} updates per release from {clients} clients: some client holds at "
@@ -165,16 +175,19 @@ class CentralDP(Stage):
 
     def __init__(
         self,
-        run: RunConfig,
+        accounting: Accounting,
         release: Release,
         accountant: Any = None,
         folder: Path | None = None,
         name: str = "",
+        resumed_from: Path | None = None,
     ) -> None:
-        self.run = run
+        self.accounting = accounting
+        self.privacy = run = accounting.privacy
         self.declared = release  # how the rule releases (strategies/privacy.py)
         self.noised = run.dp_noise_multiplier > 0
-        self.accountant = accountant or (accountant_for(run) if self.noised else None)
+        self.accountant = accountant or (accounting.accountant() if self.noised else None)
+        self.resumed_from = resumed_from  # the folder of the run a resume continues
         self.budget = run.dp_max_epsilon or None
         self.folder = folder  # where a new lineage's ledger goes (None: kept in memory)
         self.name = name
@@ -194,31 +207,36 @@ class CentralDP(Stage):
 
     @classmethod
     def for_run(
-        cls, run: RunConfig, accountant: Any = None, folder: Path | None = None, name: str = ""
+        cls,
+        run: RunConfig,
+        params: KebabModel,
+        accountant: Any = None,
+        folder: Path | None = None,
+        name: str = "",
     ) -> CentralDP | None:
         if not run.clips:
             return None
         release = rule_named(run.strategy).dp
         if release is None:  # load_config refuses this first; a door that skipped it
             raise ConfigError(f"run config: strategy {run.strategy} cannot take DP")
-        for note in dominance_notes(run):
+        for note in dominance_notes(run, params):
             log.warning("DP: %s", note)
-        return cls(run, release, accountant, folder, name)
+        return cls(Accounting.of(run), release, accountant, folder, name, resumed_from(run))
 
     @property
     def norm(self) -> float:
-        return self.run.dp_clipping_norm
+        return self.privacy.dp_clipping_norm
 
     @property
     def keeps_client_values(self) -> bool:
         """`dp-client-values`; `auto` keeps them only where no noise promises anything."""
-        choice = self.run.dp_client_values
+        choice = self.privacy.dp_client_values
         return choice == "keep" or (choice == "auto" and not self.noised)
 
     # ---------------------------------------------------------------- the update path
     def task_entries(self) -> dict[str, Any]:
         """What every task carries: the clipping norm, where the client clips."""
-        return {CLIPPING_NORM: self.norm} if self.run.dp_clipping == "client" else {}
+        return {CLIPPING_NORM: self.norm} if self.privacy.dp_clipping == "client" else {}
 
     def sent(self, task_id: int, start: np.ndarray, returns: str, carries: str) -> None:
         """A rule that takes models back clips their delta from the model the task began at."""
@@ -235,7 +253,7 @@ class CentralDP(Stage):
         """`update` with its delta (its model minus `start`, for a rule that takes models)
         within the clipping norm: scaled down here, or checked when the client clips."""
         delta = update.vector if start is None else update.vector - start
-        if self.run.dp_clipping == "client":
+        if self.privacy.dp_clipping == "client":
             length = float(np.linalg.norm(delta.astype(np.float64)))
             if length > self.norm * (1 + CLIENT_SLACK):
                 # the norm itself is the client's data: never written anywhere
@@ -247,7 +265,7 @@ class CentralDP(Stage):
                 return update
             # within the slack a float32 clip allows: scaled to C, nothing above C released
         clipped, factor = clip_to(delta, self.norm)
-        if factor < 1.0 and self.run.dp_clipping == "server":
+        if factor < 1.0 and self.privacy.dp_clipping == "server":
             self.clipped += 1
         vector = clipped if start is None else (start.astype(np.float64) + clipped)
         return replace(update, vector=vector.astype(np.float32))
@@ -258,7 +276,7 @@ class CentralDP(Stage):
         if not isinstance(err, NotClipped):
             return ""
         count = self.unclipped[node] = self.unclipped.get(node, 0) + 1
-        if count < self.run.dp_max_rejections:
+        if count < self.privacy.dp_max_rejections:
             return ""
         log.error(
             "node %d (client %d) excluded from the run: %d of its updates exceeded "
@@ -305,14 +323,14 @@ class CentralDP(Stage):
             raise RuntimeError(f"{strategy.name} released a model without its updates' weights")
         clients = [int(record["client"]) for record in outcome.records]
         sensitivity = release_sensitivity(self.declared.kind, weights, self.norm, clients)
-        event = event_for(self.run, len(weights))
+        event = self.accounting.event(len(weights))
         with self.book().held() as lines:
             self.take_in(lines)
             if self.would_pass(event):
                 return self.withhold(strategy)
             self.last_sensitivity = sensitivity
             if self.noised:
-                z = self.run.dp_noise_multiplier
+                z = self.privacy.dp_noise_multiplier
                 stream = self.noise_stream(version)
                 strategy.model = noised(strategy.model, z, sensitivity, stream)
                 self.last_std = z * sensitivity
@@ -339,12 +357,13 @@ class CentralDP(Stage):
 
     def spent_reason(self) -> str:
         """Why the run stops: one more release would pass dp-max-epsilon ("" otherwise)."""
-        if not self.would_pass(event_for(self.run, 1)):
+        if not self.would_pass(self.accounting.event(1)):
             return ""
         return (
-            f"privacy budget: epsilon {self.epsilon():.3g} at delta {self.run.dp_target_delta:g} "
+            f"privacy budget: epsilon {self.epsilon():.3g} at delta "
+            f"{self.privacy.dp_target_delta:g} "
             f"after {self.releases} releases; one more would pass dp-max-epsilon "
-            f"{self.run.dp_max_epsilon:g}"
+            f"{self.privacy.dp_max_epsilon:g}"
         )
 
     def book(self) -> Ledger:
@@ -377,7 +396,7 @@ class CentralDP(Stage):
         """Where release `version`'s noise comes from: the run's generator seeded from the
         operating system, or with `dp-noise-seed` a stream anyone with the seed can replay."""
         if self.replayable:
-            return replayable_stream(self.run.dp_noise_seed, version)
+            return replayable_stream(self.privacy.dp_noise_seed, version)
         return self.fresh_noise
 
     def epsilon(self) -> float | None:
@@ -386,14 +405,14 @@ class CentralDP(Stage):
             return None
         if not self.counted:
             return 0.0
-        return float(self.accountant.get_epsilon(self.run.dp_target_delta))
+        return float(self.accountant.get_epsilon(self.privacy.dp_target_delta))
 
     def spent(self) -> Any:
         """Flower's PrivacySpent of the releases so far (None without noise)."""
         return self.accountant.get_privacy_spent() if self.noised else None
 
     def summary(self) -> dict[str, Any]:
-        run = self.run
+        run = self.privacy
         values_kept = self.keeps_client_values
         return {
             "privacy": {
@@ -413,7 +432,7 @@ class CentralDP(Stage):
                 "max_epsilon": run.dp_max_epsilon or None,
                 "sensitivity": f"{self.declared.kind}, per client",
                 "noise": REPLAYABLE if self.replayable else UNPREDICTABLE,
-                "generator": CHACHA20 if self.run.dp_secure_noise else PCG64,
+                "generator": CHACHA20 if self.privacy.dp_secure_noise else PCG64,
                 "relation": f"{RELATION}, {SCHEDULE}",
                 "unit": UNIT,
                 "accounting": f"{run.dp_accountant}, {RELATION}, {SAMPLING}",
@@ -433,10 +452,13 @@ class CentralDP(Stage):
             if self.noised:
                 raise ConfigError(PREDATES_LEDGER)
             return
-        near = resume_folder(self.run.resume_from) if self.run.resume_from else None
-        self.ledger = Ledger.resumed(state["ledger"], self.name, near)
+        self.ledger = Ledger.resumed(state["ledger"], self.name, self.resumed_from)
         with self.ledger.held() as lines:
             self.take_in(lines)
+
+
+def resumed_from(run: RunSettings) -> Path | None:
+    return resume_folder(run.resume_from) if run.resume_from else None
 
 
 PREDATES_LEDGER = (
@@ -453,7 +475,8 @@ def check_resume(run: RunConfig, privacy_state: dict[str, Any] | None, accountan
     if not privacy_state or "ledger" not in privacy_state:
         raise ConfigError(PREDATES_LEDGER)
     release = rule_named(run.strategy).dp or Release(LINEAR)
-    stage = CentralDP(run, release, copy.deepcopy(accountant))  # the user's stays untouched
+    accounting, copied = Accounting.of(run), copy.deepcopy(accountant)  # the user's untouched
+    stage = CentralDP(accounting, release, copied, resumed_from=resumed_from(run))
     stage.load_state(privacy_state)
     reason = stage.spent_reason()
     if reason:
