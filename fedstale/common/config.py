@@ -330,8 +330,8 @@ class RunConfig(
             if isinstance(values, Mapping)
             else None
         )
-        if isinstance(given, int) and not isinstance(given, bool):
-            run._buffer_size = given
+        if isinstance(given, int | str) and str(given).strip().isdigit():  # the rules check it
+            run._buffer_size = int(given)
         return run
 
     @property
