@@ -37,14 +37,15 @@ and its entry point, `[project.entry-points."fedstale.rules"] median-buffer =
   `ServerModel` (with the `ModelServices` it is bound: the run's model as a `TorchModel`,
   the server's held-out samples).
 - `KebabModel`: the base of a rule's `Params` (snake_case fields are kebab-case keys);
-  `RunConfig` the run's shared settings; `ConfigError` what a refused setting raises.
+  `RuleSettings` what a rule reads of the run (`self.run`, `check(run, params)`; a
+  `RunConfig` is one); `ConfigError` what a refused setting raises.
 
 These names are kept stable; the modules they live in are not a public interface.
 """
 
 from __future__ import annotations
 
-from fedstale.common.config import ConfigError, KebabModel, RunConfig
+from fedstale.common.config import ConfigError, KebabModel, RuleSettings, RunConfig
 from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     ModelServices,
@@ -81,6 +82,7 @@ __all__ = [
     "PerClientModels",
     "Release",
     "Rule",
+    "RuleSettings",
     "RunConfig",
     "ServerModel",
     "SignalSpec",

@@ -144,6 +144,41 @@ def test_the_engine_is_a_short_loop_with_few_arguments() -> None:
     assert len(arguments) <= 6, arguments
 
 
+def whole_config_parameters(source: str) -> list[str]:
+    """The functions of `source` with a parameter annotated with the whole `RunConfig` (a
+    handler whose type names it is not one)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+            for argument in arguments:
+                annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+                if annotation.split("|")[0].strip() in ("RunConfig", "'RunConfig'"):
+                    found.append(f"{node.name}({argument.arg})")
+    return found
+
+
+def test_at_most_40_signatures_take_the_whole_run_config() -> None:
+    """docs/architecture.md, "Who reads a key": a component takes its section or its typed
+    view (`RuleSettings`, `ClientSettings`), not the whole config; 141 signature lines took
+    it before, 35 now."""
+    taking = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for path in sorted((ROOT / "fedstale").rglob("*.py"))
+        for name in whole_config_parameters(path.read_text())
+    ]
+    assert len(taking) <= 40, taking
+
+
+def test_the_config_counter_counts_parameters_not_handlers() -> None:
+    source = (
+        "def a(run: RunConfig, b: int) -> None: ...\n"
+        "def c(x, run: RunConfig | None = None): ...\n"
+        "def d(h: Handler[RunConfig], s: RunSettings): ...\n"
+    )
+    assert whole_config_parameters(source) == ["a(run)", "c(run)"]
+
+
 def test_the_feature_finder_finds_a_feature() -> None:
     source = "from fedstale.server_app.stages.secure import X\nself.privacy.clip(u)\n"
     assert feature_names(source) == {"fedstale.server_app.stages.secure", "privacy"}

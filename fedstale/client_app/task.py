@@ -21,7 +21,7 @@ from fedstale.common.cohort import (
     solo_reason,
     unbatched_terms,
 )
-from fedstale.common.config import RunConfig
+from fedstale.common.config import ClientSettings
 from fedstale.common.federation import FederationKey
 from fedstale.common.layout import ParamLayout
 from fedstale.common.models import evaluate, get_flat, set_flat
@@ -46,7 +46,7 @@ Arrays = dict[str, np.ndarray]
 
 
 @cache
-def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
+def client_model(cfg: ClientSettings) -> tuple[torch.nn.Module, ParamLayout]:
     """One model object per process and config, reloaded with each task's weights."""
     model = run_model(cfg)
     return model, ParamLayout.of(model)
@@ -55,7 +55,7 @@ def client_model(cfg: RunConfig) -> tuple[torch.nn.Module, ParamLayout]:
 Result = tuple[dict[str, Any], Arrays, dict[str, Arrays]]
 
 
-def warm_up(cfg: RunConfig) -> None:
+def warm_up(cfg: ClientSettings) -> None:
     """What a process's first task would otherwise wait for: the model built and every
     client's training share loaded (both cached per process)."""
     client_model(cfg)
@@ -79,7 +79,7 @@ class Prepared:
 
 @on_client_threads
 def train_task(
-    cfg: RunConfig,
+    cfg: ClientSettings,
     partition: int,
     config: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
@@ -95,7 +95,7 @@ def train_task(
 
 
 def prepare(
-    cfg: RunConfig,
+    cfg: ClientSettings,
     partition: int,
     config: Mapping[str, Any],
     arrays: Mapping[str, np.ndarray],
@@ -168,7 +168,7 @@ def finish(
 
 
 def holdout_score(
-    cfg: RunConfig, partition: int, model: torch.nn.Module
+    cfg: ClientSettings, partition: int, model: torch.nn.Module
 ) -> tuple[float, float, int]:
     """(metric, mean loss, samples) of `model` on this client's own held-out split."""
     device = next(model.parameters()).device
@@ -177,7 +177,7 @@ def holdout_score(
     return accuracy, loss, len(y)
 
 
-def start_score(cfg: RunConfig, partition: int, model: torch.nn.Module) -> dict[str, float]:
+def start_score(cfg: ClientSettings, partition: int, model: torch.nn.Module) -> dict[str, float]:
     """The reply metrics scoring the model a task was sent, before it trains (a deployment's
     per-client evaluation asks for them with ScoreKeys.ASK); the model's mode is restored."""
     training = model.training
@@ -188,7 +188,7 @@ def start_score(cfg: RunConfig, partition: int, model: torch.nn.Module) -> dict[
 
 @on_client_threads
 def evaluate_task(
-    cfg: RunConfig, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
+    cfg: ClientSettings, partition: int, config: Mapping[str, Any], arrays: Mapping[str, np.ndarray]
 ) -> dict[str, Any]:
     """Score `arrays` on this client's own held-out split."""
     model, layout = client_model(cfg)
@@ -209,11 +209,11 @@ CohortJob = tuple[
 _noted: set[str] = set()  # why some tasks train alone, said once per process
 
 
-RunJobs = tuple[RunConfig, list[CohortJob]]  # one run's config and its tasks in a cohort
+RunJobs = tuple[ClientSettings, list[CohortJob]]  # one run's config and its tasks in a cohort
 Together = tuple[int, int, Prepared, dict[str, torch.Tensor]]  # (run, job, ready, start params)
 
 
-def train_cohort(cfg: RunConfig, jobs: list[CohortJob]) -> list[Result]:
+def train_cohort(cfg: ClientSettings, jobs: list[CohortJob]) -> list[Result]:
     """One run's cohort: several clients' tasks (at most one each), as `train_cohorts`."""
     return train_cohorts([(cfg, jobs)])[0]
 

@@ -14,7 +14,7 @@ from functools import cache
 import numpy as np
 import torch
 
-from fedstale.common.config import AppSettings, RunConfig
+from fedstale.common.config import AppSettings, ClientSettings
 from fedstale.common.data import Dataset, load_dataset, normalize
 from fedstale.common.partition import partition, split_validation
 
@@ -53,7 +53,7 @@ class FederationKey:
     seed: int
 
     @classmethod
-    def of(cls, cfg: RunConfig) -> FederationKey:
+    def of(cls, cfg: ClientSettings) -> FederationKey:
         return cls(
             cfg.dataset,
             cfg.data_dir,

@@ -8,7 +8,7 @@ from functools import cache
 
 import torch
 
-from fedstale.common.config import AppSettings, RunConfig
+from fedstale.common.config import ClientSettings
 from fedstale.common.data import load_dataset
 from fedstale.common.models import build_model, resolve_device
 from fedstale.common.shares import cached_file, store
@@ -36,12 +36,12 @@ def dataset_shape(dataset: str, data_dir: str) -> Shape:
     return found
 
 
-def data_shape(cfg: AppSettings) -> Shape:
+def data_shape(cfg: ClientSettings) -> Shape:
     """(input shape, number of classes) of the run's dataset."""
     return dataset_shape(cfg.dataset, cfg.data_dir)
 
 
-def run_model(cfg: RunConfig) -> torch.nn.Module:
+def run_model(cfg: ClientSettings) -> torch.nn.Module:
     """The run's model, freshly initialised from its seed, on its device: the same weights
     on the server and on every client."""
     input_shape, num_classes = data_shape(cfg)

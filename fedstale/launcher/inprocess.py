@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from fedstale.common.cohort import first_of_each, said_together
-from fedstale.common.config import RunConfig
+from fedstale.common.config import ClientSettings
 from fedstale.common.records import ArraySets, frozen_copy
 from fedstale.common.schema import MSG_EVALUATE, MSG_QUERY, MSG_TRAIN, ReplyKeys
 from fedstale.server_app.transport import Reply
@@ -27,16 +27,23 @@ from fedstale.server_app.transport import Reply
 NODE_BASE = 1000
 Arrays = dict[str, np.ndarray]
 TrainFn = Callable[
-    [RunConfig, int, Mapping[str, Any], Arrays, ArraySets | None, MutableMapping[str, np.ndarray]],
+    [
+        ClientSettings,
+        int,
+        Mapping[str, Any],
+        Arrays,
+        ArraySets | None,
+        MutableMapping[str, np.ndarray],
+    ],
     tuple[dict[str, Any], Arrays, dict[str, Arrays]],
 ]
-EvaluateFn = Callable[[RunConfig, int, Mapping[str, Any], Arrays], dict[str, Any]]
+EvaluateFn = Callable[[ClientSettings, int, Mapping[str, Any], Arrays], dict[str, Any]]
 
 
 class InProcessTransport:
     simulated = True
 
-    def __init__(self, run: RunConfig, train: TrainFn, evaluate: EvaluateFn) -> None:
+    def __init__(self, run: ClientSettings, train: TrainFn, evaluate: EvaluateFn) -> None:
         self.run = run
         self.train_fn = train
         self.evaluate_fn = evaluate
@@ -94,7 +101,7 @@ class InProcessTransport:
 
 Job = tuple[int, Mapping[str, Any], Arrays, ArraySets | None, dict]
 Result = tuple[dict[str, Any], Arrays, dict[str, Arrays]]
-CohortsFn = Callable[[list[tuple[RunConfig, list[Job]]]], list[list[Result]]]
+CohortsFn = Callable[[list[tuple[ClientSettings, list[Job]]]], list[list[Result]]]
 
 
 class CohortTransport(InProcessTransport):
@@ -105,7 +112,7 @@ class CohortTransport(InProcessTransport):
     when it is sent, so its result does not depend on when or beside what it is trained;
     tasks the run stops before needing are never trained."""
 
-    def __init__(self, run: RunConfig, pool: CohortPool, evaluate: EvaluateFn) -> None:
+    def __init__(self, run: ClientSettings, pool: CohortPool, evaluate: EvaluateFn) -> None:
         super().__init__(run, lambda *args: {}, evaluate)  # type: ignore[arg-type,return-value]
         self.pool = pool
         self.pending: list[tuple[str, int, dict, Arrays, ArraySets | None]] = []

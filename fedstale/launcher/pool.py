@@ -31,17 +31,17 @@ from typing import Any
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import ClientSettings
 from fedstale.common.records import ArraySets
 from fedstale.launcher.inprocess import Arrays, EvaluateFn, InProcessTransport, TrainFn
 from fedstale.server_app.transport import Reply
 
-WarmFn = Callable[[RunConfig], None]
+WarmFn = Callable[[ClientSettings], None]
 ERROR_CODE = 1  # a client exception, as Flower's ClientApp error replies carry
 STOP_SECONDS = 10.0  # a worker asked to stop and still running after this is terminated
 
 
-def _cold(run: RunConfig) -> None:
+def _cold(run: ClientSettings) -> None:
     """No warm-up: the worker loads what a task needs when the task comes."""
 
 
@@ -55,7 +55,9 @@ class Job:
     sets: ArraySets | None = None
 
 
-def _serve(conn: Connection, run: RunConfig, train: TrainFn, evaluate: EvaluateFn, warm: WarmFn):
+def _serve(
+    conn: Connection, run: ClientSettings, train: TrainFn, evaluate: EvaluateFn, warm: WarmFn
+):
     """A worker process: warm up, say so, then answer each job until told to stop."""
     with contextlib.suppress(Exception):  # the first task meets the same error, replies it
         warm(run)
@@ -67,7 +69,7 @@ def _serve(conn: Connection, run: RunConfig, train: TrainFn, evaluate: EvaluateF
         return  # the engine is gone or stopping: nothing is left to answer
 
 
-def _answer(job: tuple, run: RunConfig, train: TrainFn, evaluate: EvaluateFn) -> tuple:
+def _answer(job: tuple, run: ClientSettings, train: TrainFn, evaluate: EvaluateFn) -> tuple:
     """('ok', result) or ('error', 'Type: message') of one job."""
     kind, partition, config, arrays, sets, state = job
     try:
@@ -111,7 +113,7 @@ class Worker:
 class PooledTransport(InProcessTransport):
     def __init__(
         self,
-        run: RunConfig,
+        run: ClientSettings,
         train: TrainFn,
         evaluate: EvaluateFn,
         workers: int,

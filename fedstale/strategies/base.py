@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar, get_args, get
 
 import numpy as np
 
-from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.config import KebabModel, RuleSettings
 from fedstale.common.schema import ARRAYS, RETURN_DELTA, SignalSpec
 
 if TYPE_CHECKING:
@@ -197,7 +197,7 @@ def mean_model(models: np.ndarray) -> np.ndarray:
 P = TypeVar("P", bound=KebabModel)
 
 
-def step_scale(run: RunConfig, version: int) -> float:
+def step_scale(run: RuleSettings, version: int) -> float:
     """Factor on a buffered rule's server step. `spec`: 1 (the papers' equations).
     `client-lr`: the current client learning rate lr0 * decay^version, as FLGo (the FedPSA
     paper's harness) applies a buffer: `w -= lr * mean(w_start - w_i)`."""
@@ -224,13 +224,13 @@ class Strategy(ABC, Generic[P]):
             if typed and args and isinstance(args[0], type):
                 cls.Params = args[0]
 
-    def __init__(self, run: RunConfig, params: P, initial: np.ndarray) -> None:
+    def __init__(self, run: RuleSettings, params: P, initial: np.ndarray) -> None:
         self.run = run
         self.params = params
         self.model = np.array(initial, dtype=np.float32, copy=True)
 
     @classmethod
-    def check(cls, run: RunConfig, params: P) -> None:
+    def check(cls, run: RuleSettings, params: P) -> None:
         """Raise ValueError on a combination of settings this rule cannot run with."""
 
     def bind(self, setup: Setup) -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import ClientSettings
 from fedstale.common.schema import TaskSpec
 
 if TYPE_CHECKING:  # torch where it is used: the rule registry loads without it
@@ -34,7 +34,7 @@ class LocalTask:
     Context.state; emulated per client in-process); `loss_terms`, `signals` and `outputs`
     are what the rules add."""
 
-    cfg: RunConfig
+    cfg: ClientSettings
     partition: int
     spec: TaskSpec
     model: torch.nn.Module

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import ConfigError, RunConfig
+from fedstale.common.config import ConfigError, RuleSettings
 from fedstale.common.schema import InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     Assignment,
@@ -268,7 +268,7 @@ class FedPSA(Strategy[FedPSAParams], ServerModel):
         self.history = {0: self.model.copy()} if self.params.fedpsa_diagnostic else {}
 
     @classmethod
-    def check(cls, run: RunConfig, params: FedPSAParams) -> None:
+    def check(cls, run: RuleSettings, params: FedPSAParams) -> None:
         if params.fedpsa_gamma == 0 and params.fedpsa_delta == 0:
             raise ValueError("fedpsa-gamma and fedpsa-delta are both 0: the temperature is 0")
         if params.fedpsa_calib_labels == "self":

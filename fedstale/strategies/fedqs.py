@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeVar
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import RuleSettings
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, InvalidReply, SignalSpec, keys_of
 from fedstale.strategies.base import (
     Assignment,
@@ -200,7 +200,7 @@ class KFifo(Strategy[FifoParams]):
         self.newest: dict[int, np.ndarray] = {}  # fedqs-fifo-update=newest: each client's latest
 
     @classmethod
-    def check(cls, run: RunConfig, params: FifoParams) -> None:
+    def check(cls, run: RuleSettings, params: FifoParams) -> None:
         if run.clips and params.fedqs_fifo_update == "newest":
             raise ValueError(
                 "fedqs-fifo-update=newest aggregates a client's newest update once per entry "
@@ -373,7 +373,7 @@ class FedQSSGD(KFifo[FedQSParams]):
         self.segments: list[tuple[int, int]] = [(0, self.model.size)]
 
     @classmethod
-    def check(cls, run: RunConfig, params: FedQSParams) -> None:
+    def check(cls, run: RuleSettings, params: FedQSParams) -> None:
         super().check(run, params)
         if params.fedqs_lr_min > params.fedqs_lr_max:
             raise ValueError("fedqs-lr-min is above fedqs-lr-max")

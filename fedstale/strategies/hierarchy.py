@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 from pydantic import Field, field_validator
 
-from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.config import KebabModel, RuleSettings
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, STALE
 from fedstale.strategies.base import (
     Assignment,
@@ -149,7 +149,7 @@ class Hierarchy(Strategy[HierarchyParams], Topology):
         self.cloud_updates = 0
 
     @classmethod
-    def check(cls, run: RunConfig, params: HierarchyParams) -> None:
+    def check(cls, run: RuleSettings, params: HierarchyParams) -> None:
         if run.concurrency != run.num_clients:
             raise ValueError(
                 f"{run.strategy} lets every online client of every edge train at once; "

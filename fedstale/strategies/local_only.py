@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from fedstale.common.config import RunConfig
+from fedstale.common.config import RuleSettings
 from fedstale.common.schema import ARRAYS, RETURN_MODEL
 from fedstale.strategies.base import (
     Assignment,
@@ -33,7 +33,7 @@ class LocalOnly(Strategy[NoParams], PerClientModels):
     returns = RETURN_MODEL
     kept = ("own",)
 
-    def __init__(self, run: RunConfig, params: NoParams, initial: np.ndarray) -> None:
+    def __init__(self, run: RuleSettings, params: NoParams, initial: np.ndarray) -> None:
         super().__init__(run, params, initial)
         self.own = np.tile(self.model, (run.num_clients, 1))
 

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from fedstale.common.config import KebabModel, RunConfig
+from fedstale.common.config import KebabModel, RuleSettings
 from fedstale.common.schema import ARRAYS, RETURN_MODEL, keys_of
 from fedstale.strategies.base import (
     Assignment,
@@ -169,7 +169,7 @@ class PACE(Strategy[PACEParams], PerClientModels):
     client_rules = (CosineToStart(),)
     kept = ("phi", "share", "graph", "sequence_weight", "sequence_length", "last_arrival")
 
-    def __init__(self, run: RunConfig, params: KebabModel, initial: np.ndarray) -> None:
+    def __init__(self, run: RuleSettings, params: KebabModel, initial: np.ndarray) -> None:
         super().__init__(run, params, initial)
         n = run.num_clients
         self.phi = np.tile(self.model, (n, 1))
@@ -181,7 +181,7 @@ class PACE(Strategy[PACEParams], PerClientModels):
         self.decay = Staleness("poly", self.params.pace_a)
 
     @classmethod
-    def check(cls, run: RunConfig, params: PACEParams) -> None:
+    def check(cls, run: RuleSettings, params: PACEParams) -> None:
         if params.pace_pfedgraph_style == "authors" and cls.ablation_of(params) != "naive":
             raise ValueError(
                 "pace-pfedgraph-style=authors is a form of the naive baseline: use "
