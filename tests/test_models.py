@@ -57,6 +57,7 @@ def test_a_torchvision_name_without_torchvision_is_one_line(
 ) -> None:
     """`model=resnet18` names torchvision's model; where torchvision is not installed the
     config says so, and how to get it, before anything runs (torchvision never imported)."""
+    import importlib.metadata
     import importlib.util
     import sys
 
@@ -71,9 +72,18 @@ def test_a_torchvision_name_without_torchvision_is_one_line(
     )
     assert is_torchvision_name("resnet18") and not is_torchvision_name("lenet")
     assert not is_torchvision_name("my_task:net")
-    with pytest.raises(ConfigError, match=r"pip install 'fedstale\[vision\]'") as caught:
-        load_config({"model": "resnet18"})
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+    with pytest.raises(ConfigError, match=r"pip install 'torchvision==0\.26\.\*'") as caught:
+        load_config({"model": "resnet18"})  # the torchvision of the user's CUDA torch
     assert "\n" not in str(caught.value) and "torchvision" not in sys.modules
+    assert "torch 2.11.0+cu130" in str(caught.value)
+
+    def no_torch(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", no_torch)
+    with pytest.raises(ConfigError, match=r"pip install 'fedstale\[vision\]'"):
+        load_config({"model": "resnet18"})
 
 
 def test_a_torchvision_model_is_built_by_name_and_fits_grey_images() -> None:

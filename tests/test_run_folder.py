@@ -122,6 +122,14 @@ def test_an_unwritable_runs_dir_is_one_line(tmp_path: Path) -> None:
     assert "runs-dir: cannot create" in line
 
 
+def test_check_writes_nothing(tmp_path: Path) -> None:
+    """`fedstale check` only validates: no runs directory appears (the run makes it)."""
+    runs = tmp_path / "deep" / "runs"
+    result = fedstale("check", "--run-config", f"dataset=digits runs-dir={runs}")
+    assert result.returncode == 0, result.stderr
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [

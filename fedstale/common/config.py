@@ -7,6 +7,7 @@ refused. Errors surface as one `ConfigError` line naming the key, the value and 
 from __future__ import annotations
 
 import difflib
+import importlib.metadata
 import importlib.util
 import math
 import re
@@ -481,6 +482,20 @@ def is_torchvision_name(model: str) -> bool:
     return model not in MODELS and bool(TORCHVISION_NAME.match(model))
 
 
+def torchvision_install() -> str:
+    """The command that adds the torchvision made for the installed torch and leaves that
+    torch alone (torchvision 0.<N + 15> goes with torch 2.<N>): `pip install
+    'fedstale[vision]'` resolves the newest pair and can replace a CUDA torch."""
+    try:
+        installed = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return "pip install 'fedstale[vision]'"
+    major, minor = (int(part) for part in re.findall(r"\d+", installed)[:2])
+    if major != 2:
+        return f"pip install the torchvision made for your torch {installed}"
+    return f"pip install 'torchvision==0.{minor + 15}.*' (the one for your torch {installed})"
+
+
 def name_or_reference(key: str, value: str) -> str:
     """A built-in name of `key`, or a 'package.module:attribute' reference; for `model`,
     also a torchvision model's name where torchvision is installed (never imported here)."""
@@ -490,8 +505,7 @@ def name_or_reference(key: str, value: str) -> str:
         if importlib.util.find_spec("torchvision") is None:
             raise ValueError(
                 f"model '{value}' is not fedstale's ({', '.join(MODELS)}), and torchvision, "
-                "whose models it may name, is not installed: pip install 'fedstale[vision]' "
-                "(a torchvision that matches your torch)"
+                f"whose models it may name, is not installed: {torchvision_install()}"
             )
         return value
     raise ValueError(

@@ -10,7 +10,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedstale.common.config import MODELS, ConfigError, is_reference, is_torchvision_name
+from fedstale.common.config import (
+    MODELS,
+    ConfigError,
+    is_reference,
+    is_torchvision_name,
+    torchvision_install,
+)
 from fedstale.common.layout import ParamLayout
 from fedstale.common.objectives import Objective, objective
 from fedstale.common.references import accepts, call, resolve
@@ -154,8 +160,7 @@ def torchvision_model(name: str, input_shape: tuple[int, ...], num_classes: int)
         from torchvision import models
     except ImportError as err:  # found by the config check, broken here
         raise ConfigError(
-            f"model={name}: torchvision does not import ({err}); install the torchvision "
-            "that matches your torch"
+            f"model={name}: torchvision does not import ({err}); {torchvision_install()}"
         ) from None
     if name not in models.list_models():
         raise ConfigError(

@@ -82,16 +82,17 @@ def claim_run_dir(run: RunSettings, name: str) -> Path:
 
 
 def writable_runs_dir(run: RunSettings) -> Path:
-    """The runs directory, created if need be, or one ConfigError line."""
+    """The runs directory, or one ConfigError line where a run could not write it. Nothing is
+    created here (`fedstale check` writes nothing): the run makes its folder when it starts."""
     root = runs_root(run.runs_dir)
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-    except OSError as err:
+    existing = next(folder for folder in (root, *root.parents) if folder.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"runs-dir: cannot create {root} ({existing} is a file); set runs-dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        where = root if existing == root else f"{root} ({existing} is not writable)"
         raise ConfigError(
-            f"runs-dir: cannot create {root} ({err.strerror}); set runs-dir"
-        ) from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise ConfigError(f"runs-dir: {root} is not writable; set runs-dir to a folder you own")
+            f"runs-dir: cannot create or write {where}; set runs-dir to a folder you own"
+        )
     return root
 
 
