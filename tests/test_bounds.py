@@ -41,3 +41,4 @@ def test_real_deployment_at_the_lower_bound(tmp_path: Path) -> None:
     # TMPDIR: the deployment's home (a temporary folder, as a user gets it) inside tmp_path
     run([*command, "--run-config", config], timing.left(), here, {"TMPDIR": str(tmp_path)})
     assert summary(here / "runs" / "deployed")["updates_accepted"] == 4
+    assert not list(tmp_path.glob("fedstale-deploy-*"))  # its home went with the run

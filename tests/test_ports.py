@@ -242,3 +242,37 @@ def test_the_same_deployment_started_twice_at_once_both_complete(tmp_path: Path)
         assert f"deployment in {(tmp_path / f'user{index}').resolve()}" in result.stderr
         summary = json.loads((tmp_path / f"user{index}/runs/twice/summary.json").read_text())
         assert summary["updates_accepted"] == 4
+
+
+def test_deploy_says_a_node_and_client_count_that_cannot_work_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Node k serves client k: `--nodes 2` with num-clients=6 would wait node-wait-seconds
+    (120 s) for clients no node serves; it is one line before any process starts."""
+    home = tmp_path / "home"
+    config = "dataset=digits num-clients=6"
+    argv = ["deploy", "--app", str(ROOT), "--nodes", "2", "--keep-dir", str(home)]
+    assert cli.main([*argv, "--run-config", config]) == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("fedstale: --nodes 2 start one SuperNode per client, but num-clients=6")
+    assert not home.exists()
+
+
+def test_deploy_removes_its_temporary_folder_only_after_a_run_that_ended_well(
+    tmp_path: Path,
+) -> None:
+    def home_with_logs(name: str) -> Path:
+        home = tmp_path / name
+        (home / "logs").mkdir(parents=True)
+        (home / "supernode-0.log").write_text("ok\n")
+        return home
+
+    done = home_with_logs("done")
+    deploy.tidy(done, 0, [tmp_path / "runs", None])
+    assert not done.exists()
+    failed = home_with_logs("failed")
+    deploy.tidy(failed, 1, [tmp_path / "runs", None])
+    assert (failed / "supernode-0.log").exists()  # what a user reads to see why
+    holding = home_with_logs("holding")
+    deploy.tidy(holding, 0, [holding / "runs", None])  # runs-dir inside it: never removed
+    assert holding.exists()

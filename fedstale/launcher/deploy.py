@@ -9,7 +9,10 @@ ClientApp sleeps `delay-seconds` after training (injected latency). With `--edge
 HierFedAvg) the nodes form E edges of consecutive partitions, each node naming its edge
 (`edge-id=k`), and the run gets E under its rule's edges key (`Topology.edges_key`,
 `mafsa-edges` for both). The run uses the wall clock unless
-`clock=virtual` is given. The same flags appear in docker/compose.yml.
+`clock=virtual` is given. The same flags appear in docker/compose.yml. `--nodes` is the
+number of clients (`num-clients` follows it; another value is refused before anything
+starts). FLWR_HOME, the logs and certificates go to a temporary folder, removed after a run
+that ended well and kept (and named) after one that did not; `--keep-dir DIR` keeps them.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import contextlib
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +51,7 @@ from fedstale.launcher.ports import (
     proc_stat,
     start_listening,
 )
+from fedstale.server_app.results import runs_root
 
 CONNECTION = "fedstale-local"
 SUPERNODE_POLL_ENV = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL"
@@ -525,6 +530,7 @@ def main(argv: list[str]) -> int:
     overrides = parse_pairs(args.run_config)
     check_edges(args.edges, args.nodes, overrides)
     run, _ = resolve(app, deployment_config(args.nodes, overrides, args.edges))  # fail fast
+    check_nodes_serve_clients(args.nodes, run.num_clients)
     if run.dp_noise_seed >= 0:
         raise ConfigError(
             "dp-noise-seed makes the DP noise replayable (anyone who knows the seed can "
@@ -555,4 +561,26 @@ def main(argv: list[str]) -> int:
         )
         print("fedstale: " + shlex.join(deployment.superlink_command()), file=sys.stderr)
         result = deployment.run_app(app, overrides, args.timeout, capture=False)
+    if args.keep_dir is None:
+        tidy(home, result.returncode, [runs_root(run.runs_dir), args.database])
     return result.returncode
+
+
+def check_nodes_serve_clients(nodes: int, clients: int) -> None:
+    """Node k serves client k (its partition-id): a client without a node would be waited
+    for (node-wait-seconds) and a node without a client refused, so say it before starting."""
+    if nodes != clients:
+        raise ConfigError(
+            f"--nodes {nodes} start one SuperNode per client, but num-clients={clients}: "
+            f"start --nodes {clients}, or drop num-clients (it follows --nodes)"
+        )
+
+
+def tidy(home: Path, returncode: int, kept: list[Path | None]) -> None:
+    """The deployment's temporary folder (FLWR_HOME, logs, certificates) removed after a run
+    that ended well; kept, and said, after one that did not, or where it holds results."""
+    holds = any(path is not None and path.resolve().is_relative_to(home) for path in kept)
+    if returncode == 0 and not holds:
+        shutil.rmtree(home, ignore_errors=True)
+    else:
+        print(f"fedstale: the deployment's logs are kept in {home}", file=sys.stderr)
