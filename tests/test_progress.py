@@ -71,3 +71,29 @@ def test_the_line_names_the_runs_metric_and_shows_no_score_before_one_exists(
     assert "nan" not in unscored and "acc" not in unscored and "lost=0 " in unscored
     assert " acc=0.8123 eps=12.3 " in line("accuracy", [0.8123], epsilon=12.34)  # under DP
     assert " eps=1.5 " in line("accuracy", [float("nan")], epsilon=1.5)
+
+
+def test_the_rate_shows_a_slow_run_moving() -> None:
+    """A paused SuperLink let about 0.03 updates a second through: the line said 0.0."""
+    assert progress.rate(0, 10.0) == "0.0 upd/s"
+    assert progress.rate(30, 10.0) == "3.0 upd/s"
+    assert progress.rate(3, 100.0) == "0.03 upd/s"
+    assert progress.rate(1, 600.0) == "0.10 upd/min"
+
+
+def test_before_any_reply_the_line_says_what_it_waits_for(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """While the first ClientApps start (36-52 s in a simulation on 2 cores) the line said
+    `updates=0 ... acc=0.0556` again and again; it says the run waits for them instead."""
+    engine = engine_at(0, 0, 0, max_virtual_time=1000)
+    engine.counters = SimpleNamespace(accepted=0, rejected=0, failed=0)
+    engine.standing.book = SimpleNamespace(tasks={1: "task", 2: "task", 3: "task"})
+    with caplog.at_level("INFO", logger="fedstale"):
+        progress.Progress(0.0)(engine)  # type: ignore[arg-type]
+    said = caplog.records[-1].getMessage()
+    assert said.startswith("[fedbuff] waiting for the first replies: 3 tasks sent")
+    engine.counters = SimpleNamespace(accepted=1, rejected=0, failed=0)
+    with caplog.at_level("INFO", logger="fedstale"):
+        progress.Progress(0.0)(engine)  # type: ignore[arg-type]
+    assert " v=0 updates=1 " in caplog.records[-1].getMessage()

@@ -105,6 +105,25 @@ def test_a_stalled_upload_does_not_hold_up_other_replies(caplog: pytest.LogCaptu
     assert link.pulls == []
 
 
+def test_a_stall_of_every_pull_is_said_once_and_its_end_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A paused SuperLink holds every pull: one deployment printed the slow-pull warning 57
+    times. One line when the stall begins, one when the pulls answer again."""
+    grid = UploadGrid()
+    link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]
+    grid.finished, grid.stalled = {"a", "b", "c"}, {"a", "b", "c"}
+    with caplog.at_level(logging.WARNING, logger="fedstale"):
+        for wanted in (["a"], ["a", "b"], ["a", "b", "c"], ["a", "b", "c"]):
+            assert link.receive(wanted) == []  # each new id a new pull, each held
+        grid.resume.set()
+        assert sorted(receive_until(link, ["a", "b", "c"], 3)) == ["a", "b", "c"]
+        link.receive([])
+    said = [r.getMessage() for r in caplog.records]
+    assert sum("reply pull has run" in line for line in said) == 1, said
+    assert sum("reply pulls answer again" in line for line in said) == 1, said
+
+
 def test_a_late_reply_waits_for_the_caller_that_asked_for_it() -> None:
     grid = UploadGrid()
     link = GridTransport(grid, ttl=60, pull_wait=0.05)  # type: ignore[arg-type]

@@ -47,33 +47,60 @@ def spent(engine: Engine) -> str:
     return "" if epsilon is None else f" eps={epsilon:.3g}"
 
 
+def rate(updates: int, seconds: float) -> str:
+    """Updates per second, to the precision that shows a slow run moving (0.03 upd/s, not
+    0.0), or per minute below one in a hundred seconds."""
+    per_second = updates / max(seconds, 1e-9)
+    if per_second >= 1 or per_second == 0:
+        return f"{per_second:.1f} upd/s"
+    if per_second >= 0.01:
+        return f"{per_second:.2f} upd/s"
+    return f"{per_second * 60:.2f} upd/min"
+
+
 class Progress:
     def __init__(self, interval: float, label: str = "") -> None:
         self.interval = interval
         self.label = label  # the line's tag: the run's rule unless given
         self.last = time.monotonic()
+        self.last_accepted = 0
 
     def __call__(self, engine: Engine) -> None:
         now = time.monotonic()
         if now - self.last < self.interval:
             return
-        self.last = now
+        since, self.last = now - self.last, now
         run, counters = engine.run, engine.counters
         elapsed = now - engine.wall_start
+        tag = self.label or run.strategy
+        if (
+            not counters.accepted + counters.rejected + counters.failed
+            and engine.standing.book.tasks
+        ):
+            log.info(
+                "[%s] waiting for the first replies: %d tasks sent %.0f s ago; each client's "
+                "ClientApp starts with its first task (in a simulation, Ray starts them)",
+                tag,
+                len(engine.standing.book.tasks),
+                elapsed,
+            )
+            return
         budget = run.max_virtual_time
         clock = f"t={engine.standing.clock.now():,.0f}" + (f"/{budget:,.0f}" if budget else "")
         share = budget_share(engine)
         eta = f" eta {elapsed * (1 - share) / share:,.0f}s" if 0 < share < 1 else ""
+        recent = rate(counters.accepted - self.last_accepted, since)
+        self.last_accepted = counters.accepted
         log.info(
-            "[%s] %s v=%d updates=%d rejected=%d lost=%d%s %.1f upd/s%s",
-            self.label or run.strategy,
+            "[%s] %s v=%d updates=%d rejected=%d lost=%d%s %s%s",
+            tag,
             clock,
             engine.version,
             counters.accepted,
             counters.rejected,
             counters.failed,
             latest_score(engine),
-            counters.accepted / max(elapsed, 1e-9),
+            recent,
             eta,
         )
 

@@ -171,6 +171,7 @@ class GridTransport:
         self.held: dict[str, Reply] = {}  # error replies another running pull may overrule
         self.delivered: dict[str, float] = {}  # msg_id -> when its real reply was handed out
         self.quiet_waits = 0  # idle waits since the last reply or send
+        self.stalled_since: float | None = None  # a slow pull was said and still runs
 
     def node_ids(self) -> list[int]:
         return sorted(int(n) for n in self.grid.get_node_ids())
@@ -240,6 +241,9 @@ class GridTransport:
         for pull in running:
             self._report_slow(pull)
         now = time.monotonic()
+        if self.stalled_since is not None and not any(p.reported for p in running):
+            log.warning("reply pulls answer again after a %.0f s stall", now - self.stalled_since)
+            self.stalled_since = None
         replies = [reply for pull in finished for reply in pull.result()]
         for reply in sorted(replies, key=lambda r: r.error_code is not None):
             self._take(reply, now, running)
@@ -280,10 +284,17 @@ class GridTransport:
             del self.delivered[msg_id]
 
     def _report_slow(self, pull: Pull) -> None:
-        if not pull.reported:
-            pull.reported = True
-            log.warning(
-                "a reply pull has run %.0f s (a busy SuperLink, or a node that died while "
-                "uploading); the run goes on and its replies count when it finishes",
-                time.monotonic() - pull.started,
-            )
+        """One line per stall (a paused SuperLink holds every pull): said at its first slow
+        pull, and again when no slow pull runs any more."""
+        if pull.reported:
+            return
+        pull.reported = True
+        if self.stalled_since is not None:
+            return
+        self.stalled_since = pull.started
+        log.warning(
+            "a reply pull has run %.0f s (a busy SuperLink, or a node that died while "
+            "uploading); the run goes on and its replies count when it finishes (said once "
+            "until the pulls answer again)",
+            time.monotonic() - pull.started,
+        )
