@@ -62,6 +62,7 @@ def test_tiny_run_beats_chance_and_replays_identically(
     assert read_jsonl(first_dir / "updates.jsonl") == read_jsonl(second_dir / "updates.jsonl")
     said, replayed = first.stdout + first.stderr, second.stdout + second.stderr
     assert "serves client" in said and "serves client" not in replayed
+    assert "default simulated SuperNodes changed" not in said  # fedstale sized it
     assert "10 nodes assigned clients 0..9 in node-id order" in replayed
 
     # The same engine and client code in one process, without Flower: the same run.

@@ -57,6 +57,7 @@ from fedstale.launcher.launch import (
 )
 from fedstale.launcher.local_link import owned_local_superlink
 from fedstale.launcher.ray_cluster import RAY_ADDRESS, ray_cluster
+from fedstale.launcher.relay import Relayed
 from fedstale.server_app.checkpoint import CHECKPOINT_FILE
 from fedstale.server_app.engine import EngineError
 from fedstale.server_app.heartbeat import STALE_SECONDS, server_died
@@ -103,8 +104,9 @@ def run_simulation(app: Path, pairs: dict[str, Any], federation: str, superlink:
         with owned_local_superlink(superlink) as link:
             if cluster is not None:
                 print(cluster_note(cluster, link.process is not None), file=sys.stderr)
-            flower = subprocess.Popen(command, env={**flower_env(), **link.env})
-            died = follow(flower, run_dir, started)
+            flower = Relayed(command, {**flower_env(), **link.env})
+            died = follow(flower.process, run_dir, started)
+            flower.finish()
     return report(run, run_dir, started, failure_message(run_dir, died, pairs, superlink))
 
 
