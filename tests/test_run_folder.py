@@ -192,3 +192,33 @@ def test_a_dataset_that_cannot_be_found_or_fetched_is_a_config_error(
     monkeypatch.setattr(usercode, "load_dataset", unavailable)
     with pytest.raises(ConfigError, match=r"^dataset 'mnist': mnist not found .* data-dir$"):
         usercode.require_dataset(parse_run_config({"dataset": "mnist"}))
+
+
+def test_a_run_started_in_a_flower_app_folder_writes_beside_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`flwr run .` packs every .json and .jsonl of the app folder into the app bundle and
+    installs it on every node: a library run started there (the ServerApp's folder in a
+    simulation) writes to `<app>-runs`, unless runs/ is in the app's .gitignore or the user
+    chose (runs_dir, $FEDSTALE_RUNS_DIR)."""
+    import fedstale
+    from fedstale.server_app.results import outside_the_app
+
+    monkeypatch.delenv("FEDSTALE_RUNS_DIR", raising=False)
+    app = tmp_path / "myapp"
+    (app / "myapp").mkdir(parents=True)
+    (app / "pyproject.toml").write_text('[tool.flwr.app]\npublisher = "me"\n')
+    assert outside_the_app(app) == str(tmp_path / "myapp-runs")
+    assert outside_the_app(app / "myapp") == str(tmp_path / "myapp-runs")
+    assert outside_the_app(tmp_path) == ""  # not an app: ./runs
+    monkeypatch.chdir(app)
+    run, _ = fedstale.FedBuff().run_config(4, 3, 60.0, {})
+    assert run.runs_dir == str(tmp_path / "myapp-runs")
+    chosen, _ = fedstale.FedBuff(runs_dir=str(tmp_path / "mine")).run_config(4, 3, 60.0, {})
+    assert chosen.runs_dir == str(tmp_path / "mine")
+    for ignored in ("runs/", "/runs", "runs/*"):
+        (app / ".gitignore").write_text(f"__pycache__/\n{ignored}\n")
+        assert outside_the_app(app) == ""  # the bundle leaves runs/ out already
+    (app / ".gitignore").unlink()
+    monkeypatch.setenv("FEDSTALE_RUNS_DIR", str(tmp_path / "env"))
+    assert outside_the_app(app) == ""

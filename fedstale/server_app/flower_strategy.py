@@ -57,7 +57,7 @@ from fedstale.server_app.experiment import settings_of
 from fedstale.server_app.lifecycle import Door, Model
 from fedstale.server_app.nodes import Nodes, NodesInOrder
 from fedstale.server_app.progress import setup_logging
-from fedstale.server_app.results import RunRecorder, claim_run_dir
+from fedstale.server_app.results import RunRecorder, claim_run_dir, outside_the_app
 from fedstale.server_app.scored import Evaluator
 from fedstale.server_app.stages.central_dp import CentralDP
 from fedstale.server_app.transport import GridTransport, Transport
@@ -79,6 +79,18 @@ OWN_ARGUMENTS = ("num_clients", "min_available_nodes", "fraction_evaluate")
 # takes them, with one warning line, so that swapping FedBuff for FedAsync in a ServerApp
 # keeps working (a type checker flags them); until fedstale 0.2
 FORMERLY_EVERY_CLASS = ("buffer_size",)
+
+
+def said_runs_dir(chosen: str) -> str:
+    """`chosen` (see results.outside_the_app), said once when it moves results out of the
+    Flower app folder the run started in."""
+    if chosen:
+        log.info(
+            "results go to %s, beside the Flower app folder: flwr run packs the folder's "
+            ".json and .jsonl files into the app bundle (runs_dir= chooses)",
+            chosen,
+        )
+    return chosen
 
 
 class LibraryArguments(
@@ -255,6 +267,8 @@ class AsyncStrategy(LibraryArguments):
             "eval-target": "global",
             "concurrency": min(wanted, num_clients),
         }
+        if not values.get("runs-dir"):
+            values["runs-dir"] = said_runs_dir(outside_the_app(Path.cwd()))
         try:
             run, params = load_config(values)
         except ConfigError as err:

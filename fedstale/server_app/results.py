@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,37 @@ DAY = 86_400.0  # FLGo: one virtual day is 86,400 time units
 def runs_root(configured: str) -> Path:
     """`runs-dir` from the run config, else $FEDSTALE_RUNS_DIR, else ./runs."""
     return Path(configured or os.environ.get("FEDSTALE_RUNS_DIR", "runs")).expanduser().resolve()
+
+
+def outside_the_app(cwd: Path) -> str:
+    """The runs directory of a run started in `cwd` that names none: "" (./runs, or
+    $FEDSTALE_RUNS_DIR), except inside a Flower app folder whose .gitignore does not name
+    runs/: `flwr run` packs every .json and .jsonl there into the app bundle and installs it
+    on every node, so the results go beside the folder, to `<app>-runs`."""
+    if os.environ.get("FEDSTALE_RUNS_DIR"):
+        return ""
+    app = next((folder for folder in (cwd, *cwd.parents) if is_flower_app(folder)), None)
+    if app is None or ignores_runs(app):
+        return ""
+    return str(app.parent / f"{app.name}-runs")
+
+
+def is_flower_app(folder: Path) -> bool:
+    try:
+        config = tomllib.loads((folder / "pyproject.toml").read_text())
+    except (OSError, ValueError):
+        return False
+    return "app" in config.get("tool", {}).get("flwr", {})
+
+
+def ignores_runs(app: Path) -> bool:
+    """The app's .gitignore, which Flower's bundle follows, leaves out runs/."""
+    try:
+        lines = (app / ".gitignore").read_text().splitlines()
+    except OSError:
+        return False
+    named = {f"{root}runs{tail}" for root in ("", "/") for tail in ("", "/", "/*", "/**")}
+    return any(line.strip() in named for line in lines)
 
 
 CHECKPOINT_FILE = "checkpoint.pkl"
