@@ -252,6 +252,29 @@ class BudgetSettings(KebabModel):
     eval_interval: float = Field(default=1000.0, gt=0)
 
 
+TRACKERS = ("mlflow", "tensorboard", "wandb")
+
+
+class TrackingSettings(KebabModel):
+    """Experiment trackers the run logs to as it goes (fedstale/server_app/tracking/)."""
+
+    tracking: str = ""  # comma-separated: mlflow, tensorboard, wandb
+    tracking_uri: str = ""  # MLflow's tracking URI; "": SQLite in the runs directory
+    tracking_experiment: str = ""  # the MLflow experiment / W&B project; "": fedstale
+
+    @field_validator("tracking")
+    @classmethod
+    def _known_trackers(cls, value: str) -> str:
+        for name in tracker_names(value):
+            if name not in TRACKERS:
+                raise ValueError(f"unknown tracker '{name}'; choose from {', '.join(TRACKERS)}")
+        return value
+
+
+def tracker_names(value: str) -> list[str]:
+    return [name.strip() for name in value.split(",") if name.strip()]
+
+
 class AppSettings(KebabModel):
     """Only fedstale's own app reads these (its data, model, ClientApp and evaluation); a
     library user's ServerApp and ClientApp decide them, so the library refuses them."""
@@ -287,15 +310,19 @@ class AppSettings(KebabModel):
     test_faults: str = Field(default="", json_schema_extra=APP_ONLY)
 
 
-class RunConfig(
+class EngineSettings(
     RunSettings,
     TrainingSettings,
     PrivacySettings,
     SecureSettings,
     LatencySettings,
     BudgetSettings,
-    AppSettings,
+    TrackingSettings,
 ):
+    """Every section but fedstale's own app's: what a library run takes too."""
+
+
+class RunConfig(EngineSettings, AppSettings):
     """Every key shared by the rules (see pyproject.toml for their meaning), in sections: a
     component that reads one section takes that section's type (a RunConfig is each)."""
 

@@ -11,6 +11,8 @@
                    (runs on one plot and one table: fedstale/launcher/compare.py)
     fedstale deploy --nodes N [--delays s,s,...] [--tls] [--run-config "k=v ..."]
                    (a local SuperLink and N SuperNodes: fedstale/launcher/deploy.py)
+    fedstale track RUN_FOLDER... --to mlflow[,tensorboard,wandb] [--tracking-uri URI]
+                   (earlier runs into experiment trackers: fedstale/launcher/track.py)
 
 `flwr run` exits 0 even when the ServerApp fails, and only sees a bad value once the
 simulation is up. `fedstale run` validates the fused config first (one line and exit 2 on a
@@ -40,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from fedstale.common.config import ConfigError, RunConfig
-from fedstale.launcher import compare, deploy
+from fedstale.launcher import compare, deploy, track
 from fedstale.launcher.grid import parse_axes, run_grid
 from fedstale.launcher.launch import (
     federation_options,
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
-COMMANDS = ("check", "run", "deploy", "compare")
+COMMANDS = ("check", "run", "deploy", "compare", "track")
 APP_HELP = (
     "the fedstale app directory (default: the current one when it is a fedstale checkout, "
     "else the app installed with the package, runs in ./runs)"
@@ -308,9 +310,9 @@ def command(argv: list[str]) -> int:
     name, rest = argv[0], argv[1:]
     if name == "compare":
         return compare.main(rest)
-    if name == "deploy":
+    if name in ("deploy", "track"):
         try:
-            return deploy.main(rest)
+            return (deploy.main if name == "deploy" else track.main)(rest)
         except ConfigError as err:
             print(f"fedstale: {hint_for(str(err), None)}", file=sys.stderr)
             return 2

@@ -34,15 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 
 from fedstale.common.config import (
     FIX_HINT,
-    BudgetSettings,
     ConfigError,
+    EngineSettings,
     KebabModel,
-    LatencySettings,
-    PrivacySettings,
     RunConfig,
-    RunSettings,
-    SecureSettings,
-    TrainingSettings,
     describe_validation_error,
     did_you_mean,
 )
@@ -93,9 +88,7 @@ def said_runs_dir(chosen: str) -> str:
     return chosen
 
 
-class LibraryArguments(
-    RunSettings, TrainingSettings, PrivacySettings, SecureSettings, LatencySettings, BudgetSettings
-):
+class LibraryArguments(EngineSettings):
     """Every run-config key a library run reads (fedstale's own app's keys are left out),
     in snake_case, with the run config's defaults, except: a Flower user's server runs on
     the wall clock, with no virtual-time budget and no lr decay unless asked; None comes

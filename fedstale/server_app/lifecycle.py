@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -38,7 +39,7 @@ from fedstale.common.latency import LatencyProfile, profile_for
 from fedstale.common.layout import ParamLayout
 from fedstale.server_app import checkpoint
 from fedstale.server_app.contract import Contract, FedstaleContract
-from fedstale.server_app.engine import Engine, Listeners
+from fedstale.server_app.engine import Engine, Listeners, Recorder
 from fedstale.server_app.evaluation import Scoreboard
 from fedstale.server_app.federation import Federation
 from fedstale.server_app.heartbeat import HEARTBEAT_FILE, Heartbeat
@@ -58,8 +59,10 @@ from fedstale.server_app.stages.central_dp import (
     Accounting,
     check_resume,
     privacy_words,
+    resumed_from,
 )
 from fedstale.server_app.summary import summarize
+from fedstale.server_app.tracking import Tracking, open_tracking, trackers_named
 from fedstale.server_app.transport import Transport
 from fedstale.strategies.base import ModelServices, ServerModel, Setup, Strategy, Topology
 from fedstale.strategies.registry import build_strategy
@@ -167,9 +170,9 @@ def prepare(
 ) -> tuple[str, dict[str, Any], checkpoint.Checkpoint | None, dict[str, list[str]]]:
     """Everything that can refuse the run before its folder is touched."""
     run = door.run
-    Accounting.of(
-        run
-    ).check_budget()  # before any folder: a refused budget leaves no runs directory
+    # before any folder: a refused budget, or a tracker not installed, leaves no runs directory
+    Accounting.of(run).check_budget()
+    trackers_named(run.tracking)
     name = door.name()
     settings = door.settings(params, name)
     resumed, kept = prepare_folder(run, settings, name)
@@ -184,10 +187,13 @@ def run_through(door: Door, params: KebabModel) -> dict[str, Any]:
     started = time.monotonic()
     name, settings, resumed, kept = prepare(door, params)
     recorder = door.recorder(name, kept)
-    looped, progress = False, None
+    looped, progress, tracking = False, None, None
     try:
-        recorder.write_config({**settings, **door.config_extras(), "provenance": provenance()})
-        engine, progress = build_engine(door, params, recorder)
+        config = {**settings, **door.config_extras(), "provenance": provenance()}
+        recorder.write_config(config)
+        source = resumed_from(door.run) if resumed is not None else None
+        tracking = open_tracking(door.run, recorder.dir, name, config, source)
+        engine, progress = build_engine(door, params, recorder, tracking)
         if resumed is not None:
             checkpoint.restore(engine, resumed)
         log.info("run %s: %s, results in %s", name, door.run.strategy, recorder.dir)
@@ -198,7 +204,9 @@ def run_through(door: Door, params: KebabModel) -> dict[str, Any]:
         progress.close()  # before the closing lines, which a live bar would hold back
         progress = None
         door.finished(engine, recorder)
-        return finish(door, engine, recorder, time.monotonic() - started)
+        summary = finish(door, engine, recorder, time.monotonic() - started, tracking)
+        tracking = None  # finished
+        return summary
     except BaseException:
         if not looped and resumed is None:  # failed before it ran: no half-written folder
             recorder.discard()
@@ -206,11 +214,13 @@ def run_through(door: Door, params: KebabModel) -> dict[str, Any]:
     finally:
         if progress is not None:
             progress.close()
+        if tracking is not None:  # the run failed: its tracked runs say so
+            tracking.finish(recorder.dir, [], failed=True)
         recorder.close()
 
 
 def build_engine(
-    door: Door, params: KebabModel, recorder: RunRecorder
+    door: Door, params: KebabModel, recorder: RunRecorder, tracking: Tracking | None = None
 ) -> tuple[Engine, Progress | ProgressBar]:
     """The rule built and bound, and the engine around it with its progress display (shown
     from here on: whoever builds it closes it)."""
@@ -225,7 +235,8 @@ def build_engine(
     check_noise_seed(run, transport)
     progress = progress_for(run.progress_interval, door.label)
     try:
-        engine = make_engine(door, strategy, transport, model, setup, recorder, progress)
+        listeners = listeners_of(recorder, progress, tracking)
+        engine = make_engine(door, strategy, transport, model, setup, listeners, recorder.dir)
     except BaseException:  # refused while built (the library's accountant check): not shown
         progress.close()
         raise
@@ -238,10 +249,11 @@ def make_engine(
     transport: Transport,
     model: Model,
     setup: Setup,
-    recorder: RunRecorder,
-    progress: Progress | ProgressBar,
+    listeners: Listeners,
+    folder: Path,
 ) -> Engine:
-    """The engine around the bound rule; `version` reads it once it exists."""
+    """The engine around the bound rule (its stages' files in `folder`, the run's); `version`
+    reads it once it exists."""
     run = door.run
     engine: Engine | None = None
 
@@ -251,14 +263,11 @@ def make_engine(
     layout = model.layout
     latency = latency_of(run, strategy, setup.client_sizes if setup.sizes_known else None)
     evaluator = door.evaluator(model, version)
-    listeners = Listeners(recorder, progress, checkpointer(recorder))
     scores = Scoreboard(run, strategy, transport, layout, evaluator, door.client_scorer())
     contract = door.contract or FedstaleContract()
     nodes = door.nodes() or NodeBook(run.num_clients)
     federation = Federation(transport, nodes, layout, latency, contract)
-    stages = stages_for(
-        run, strategy.params, layout, door.accountant(), recorder.dir, recorder.dir.name
-    )
+    stages = stages_for(run, strategy.params, layout, door.accountant(), folder, folder.name)
     engine = Engine(run, strategy, federation, scores, listeners, stages)
     return engine
 
@@ -290,6 +299,36 @@ def latency_of(run: RunConfig, strategy: Strategy, sizes: np.ndarray | None) -> 
     return latency
 
 
+def listeners_of(
+    recorder: RunRecorder, progress: Progress | ProgressBar, tracking: Tracking | None
+) -> Listeners:
+    """The recorder, the progress display and the checkpointer; with trackers, each hears
+    the rows and watches the engine too."""
+    if tracking is None:
+        return Listeners(recorder, progress, checkpointer(recorder))
+
+    def watch(engine: Engine) -> None:
+        progress(engine)
+        tracking.watch(engine)
+
+    return Listeners(Rows(recorder, tracking), watch, checkpointer(recorder))
+
+
+class Rows:
+    """The run's rows to the recorder and to the trackers."""
+
+    def __init__(self, *recorders: Recorder) -> None:
+        self.recorders = recorders
+
+    def metric(self, row: dict[str, Any]) -> None:
+        for recorder in self.recorders:
+            recorder.metric(row)
+
+    def update(self, row: dict[str, Any]) -> None:
+        for recorder in self.recorders:
+            recorder.update(row)
+
+
 def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
     path = recorder.dir / checkpoint.CHECKPOINT_FILE
 
@@ -304,7 +343,11 @@ def checkpointer(recorder: RunRecorder) -> Callable[[Engine], None]:
 
 
 def finish(
-    door: Door, engine: Engine, recorder: RunRecorder, wall_seconds: float
+    door: Door,
+    engine: Engine,
+    recorder: RunRecorder,
+    wall_seconds: float,
+    tracking: Tracking | None = None,
 ) -> dict[str, Any]:
     run = door.run
     summary = summarize(engine, wall_seconds)
@@ -315,6 +358,12 @@ def finish(
         times = [e.virtual_time for e in engine.scores.done]
         label = score_label(run.metric, engine.scores.per_client)
         recorder.plot(door.plot_title(), times, scores, label, score_key(run.metric))
+    if tracking is not None:
+        tracking.watch(engine)  # the last versions
+        files = sorted(path for path in recorder.dir.iterdir() if path.is_file())
+        summary["tracking"] = tracking.finish(recorder.dir, files, failed=False)
+        tracking.save()
+        recorder.write_summary(summary)
     log.info("done: %s", done_line(run, summary, recorder))
     return summary
 

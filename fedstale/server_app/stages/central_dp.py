@@ -407,6 +407,10 @@ class CentralDP(Stage):
             return 0.0
         return float(self.accountant.get_epsilon(self.privacy.dp_target_delta))
 
+    def figures(self) -> dict[str, float]:
+        spent = self.epsilon()
+        return {} if spent is None else {"privacy/epsilon": spent}
+
     def spent(self) -> Any:
         """Flower's PrivacySpent of the releases so far (None without noise)."""
         return self.accountant.get_privacy_spent() if self.noised else None

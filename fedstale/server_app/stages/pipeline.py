@@ -119,6 +119,10 @@ class Stage:
     def summary(self) -> dict[str, Any]:
         return {}
 
+    def figures(self) -> dict[str, float]:
+        """Numbers a tracker charts per version (`<stage key>/<name>`), as the run goes."""
+        return {}
+
     def state(self) -> dict[str, Any]:
         return {}
 
@@ -204,6 +208,9 @@ class Pipeline:
 
     def summary(self) -> dict[str, Any]:
         return {k: v for stage in self.stages for k, v in stage.summary().items()}
+
+    def figures(self) -> dict[str, float]:
+        return {k: v for stage in self.stages for k, v in stage.figures().items()}
 
     def state(self) -> dict[str, Any]:
         return {stage.key: stage.state() for stage in self.stages if stage.key}

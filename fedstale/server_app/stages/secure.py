@@ -659,6 +659,10 @@ class SecureAggregation(Stage):
         self.kept = dict(state.get("kept", {}))
         self.suspects = set(state.get("suspects", []))
 
+    def figures(self) -> dict[str, float]:
+        counts = self.counts
+        return {"secure/buffers": counts.buffers, "secure/buffers_dropped": counts.dropped}
+
     def summary(self) -> dict[str, Any]:
         code = self.ready()
         counts = self.counts
