@@ -30,7 +30,9 @@ data:
 # openssl (TLS certificates) and ssh-keygen (SuperNode keys) for the deployment tests;
 # podman (with runc, for sandboxes where crun cannot set up cgroups) and mmdebstrap (the
 # local base image) for the container tests. podman-compose comes with the dev extras.
-TOOLS = openssl:openssl ssh-keygen:openssh-client mmdebstrap:mmdebstrap podman:podman runc:runc
+# chromium: the MLflow UI in a real browser (tests/test_tracking.py).
+TOOLS = openssl:openssl ssh-keygen:openssh-client mmdebstrap:mmdebstrap podman:podman runc:runc \
+	chromium:chromium
 
 tools:
 	@missing=""; for pair in $(TOOLS); do \

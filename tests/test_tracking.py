@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,17 +324,48 @@ def test_earlier_run_folders_go_into_mlflow_with_fedstale_track(tmp_path: Path) 
         == 0
     )
     uri = f"sqlite:///{tmp_path / 'later.db'}"
+    (tmp_path / "elsewhere").mkdir()
     command = [sys.executable, "-m", "fedstale.launcher.cli", "track", str(runs / "past")]
     result = subprocess.run(
         [*command, "--to", "mlflow", "--tracking-uri", uri],
+        cwd=tmp_path / "elsewhere",  # nothing lands in the folder it is run from
         capture_output=True,
         text=True,
         timeout=timing.left(),
     )
     assert result.returncode == 0, result.stderr[-2000:]
+    assert not any((tmp_path / "elsewhere").iterdir())  # MLflow's files beside its store
+    assert (tmp_path / "mlartifacts").is_dir()
     assert [step for step, _ in mlflow_history(uri, "past", "server/updates")] == [1, 2, 3]
     assert not (runs / "past" / "tracking.json").exists()  # the folder is read, not changed
     missing = subprocess.run(
         [*command[:-1], str(tmp_path), "--to", "mlflow"], capture_output=True, text=True
     )
     assert missing.returncode == 2 and "not a run folder" in missing.stderr
+
+
+@pytest.mark.integration
+def test_the_mlflow_ui_shows_the_run_and_its_accuracy_in_a_real_browser(
+    mlflow_server: Server, tmp_path: Path
+) -> None:
+    """Headless Chromium (`make tools` installs Debian's) opens the finished run's page in
+    MLflow's own UI; its screenshot stays in the test's folder."""
+    from mlflow.tracking import MlflowClient
+
+    browser = shutil.which("chromium")
+    assert browser is not None, "no chromium: make tools installs it"
+    runs, uri = tmp_path / "runs", mlflow_server.uri
+    config = f"{TINY} max-versions=3 eval-interval=200 tracking=mlflow tracking-uri={uri}"
+    assert start_local_run(runs, "shown", config).wait(timing.left()) == 0
+    run_id = json.loads((runs / "shown" / "tracking.json").read_text())["ids"]["mlflow"]
+    experiment = MlflowClient(tracking_uri=uri).get_run(run_id).info.experiment_id
+    page = f"{uri}/#/experiments/{experiment}/runs/{run_id}"
+    headless = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"]
+    headless += ["--virtual-time-budget=20000", "--window-size=1400,1000"]
+    dom = subprocess.run(
+        [*headless, "--dump-dom", page], capture_output=True, text=True, timeout=timing.left()
+    ).stdout
+    assert ">shown<" in dom and "eval/accuracy" in dom and "fedbuff" in dom
+    shot = tmp_path / "mlflow-run.png"
+    subprocess.run([*headless, f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    assert shot.stat().st_size > 20_000

@@ -9,6 +9,7 @@ import logging
 import math
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -33,6 +34,7 @@ class Opening:
     config: Mapping[str, Any]  # the run's config.json, as parameters
     tags: Mapping[str, str]  # strategy, dataset, seed, provenance
     resume_id: str | None = None  # the tracked run a resumed run continues
+    started: float = field(default_factory=time.time)  # when the run opened it
 
 
 class Tracker(ABC):
@@ -219,7 +221,6 @@ def per_version(rows: list[dict[str, Any]]) -> dict[str, float]:
 def server_view(engine: Any) -> dict[str, float]:
     """The engine's counters, tasks in flight, updates per second, and what its stages
     report (epsilon spent under DP, buffers under secure aggregation)."""
-    import time
 
     counters = engine.counters
     elapsed = max(time.monotonic() - engine.wall_start, 1e-9)

@@ -21,7 +21,7 @@ class MlflowTracker(Tracker):
         from mlflow.entities import Param, RunTag
         from mlflow.tracking import MlflowClient
 
-        runs = opening.folder.parent  # the default store and its files beside the runs
+        runs = opening.folder.parent  # the default store beside the run folders
         uri = opening.uri or f"sqlite:///{runs / 'mlflow.db'}"
         self.client = MlflowClient(tracking_uri=uri)
         if opening.resume_id:
@@ -29,13 +29,18 @@ class MlflowTracker(Tracker):
             self.client.update_run(self.run_id, status="RUNNING")
             return self.run_id
         found = self.client.get_experiment_by_name(opening.experiment)
-        files = None if opening.uri else (runs / "mlartifacts").as_uri()
+        files = artifacts_beside(uri)
         experiment = (
             found.experiment_id
             if found
             else self.client.create_experiment(opening.experiment, artifact_location=files)
         )
-        run = self.client.create_run(experiment, run_name=opening.name, tags=dict(opening.tags))
+        run = self.client.create_run(
+            experiment,
+            start_time=int(opening.started * 1000),  # not when this thread got to it
+            run_name=opening.name,
+            tags=dict(opening.tags),
+        )
         self.run_id = run.info.run_id
         params = [Param(k, str(v)[:PARAM_CHARS]) for k, v in sorted(opening.config.items())]
         for start in range(0, len(params), PARAMS_PER_BATCH):
@@ -60,3 +65,12 @@ class MlflowTracker(Tracker):
 
     def close(self, failed: bool) -> None:
         self.client.set_terminated(self.run_id, "FAILED" if failed else "FINISHED")
+
+
+def artifacts_beside(uri: str) -> str | None:
+    """Where a new experiment keeps its files: beside an SQLite store (MLflow's own default
+    is ./mlruns under the current folder), or where a tracking server says (None)."""
+    prefix = "sqlite:///"
+    if not uri.startswith(prefix):
+        return None
+    return (Path(uri[len(prefix) :]).parent / "mlartifacts").as_uri()
