@@ -9,7 +9,8 @@ from pathlib import Path
 
 from fedstale.server_app.tracking.base import Opening, Tracker
 
-PARAMS_PER_BATCH = 100  # MLflow's limit on one log_batch
+PARAMS_PER_BATCH = 100  # MLflow's limits on one log_batch
+METRICS_PER_BATCH = 1000
 PARAM_CHARS = 6000  # MLflow's limit on one parameter's value
 
 
@@ -53,11 +54,16 @@ class MlflowTracker(Tracker):
         return self.run_id
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
+        self.log_many([(step, values)])
+
+    def log_many(self, entries: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        """Every waiting step in requests of at most METRICS_PER_BATCH metrics."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        metrics = [Metric(key, value, now, step) for key, value in values.items()]
-        self.client.log_batch(self.run_id, metrics=metrics)
+        metrics = [Metric(k, v, now, step) for step, values in entries for k, v in values.items()]
+        for start in range(0, len(metrics), METRICS_PER_BATCH):
+            self.client.log_batch(self.run_id, metrics=metrics[start : start + METRICS_PER_BATCH])
 
     def upload(self, folder: Path, files: Sequence[Path]) -> None:
         for path in files:

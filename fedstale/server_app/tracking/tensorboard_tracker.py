@@ -4,7 +4,7 @@ shows every run), written with torch's SummaryWriter (which needs the tensorboar
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from fedstale.server_app.tracking.base import Opening, Tracker
 
@@ -28,8 +28,12 @@ class TensorBoardTracker(Tracker):
         return str(where)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
-        for key, value in values.items():
-            self.writer.add_scalar(key, value, step)
+        self.log_many([(step, values)])
+
+    def log_many(self, entries: Sequence[tuple[int, Mapping[str, float]]]) -> None:
+        for step, values in entries:
+            for key, value in values.items():
+                self.writer.add_scalar(key, value, step)
         self.writer.flush()  # live: TensorBoard reads what is on the disk
 
     def close(self, failed: bool) -> None:
