@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from fedstale.common.config import ConfigError, TrackingSettings
 from fedstale.server_app.results import read_jsonl
-from fedstale.server_app.tracking import Opening, Tracking, parameters, tags, trackers_named
+from fedstale.server_app.tracking import open_tracking, trackers_named
 
 
 def main(argv: list[str]) -> int:
@@ -52,16 +52,9 @@ def main(argv: list[str]) -> int:
 
 def track(folder: Path, settings: TrackingSettings) -> dict:
     config = json.loads((folder / "config.json").read_text())
-    tracking = Tracking(trackers_named(settings.tracking), saving=False)
-    opening = Opening(
-        folder=folder,
-        name=str(config.get("run-name") or folder.name),
-        experiment=settings.tracking_experiment or "fedstale",
-        uri=settings.tracking_uri,
-        config=parameters(config),
-        tags=tags(config),
-    )
-    tracking.open(opening, {})
+    name = str(config.get("run-name") or folder.name)
+    tracking = open_tracking(settings, folder, name, config, saving=False)
+    assert tracking is not None, "--to names a tracker"
     rows = {name: rows_of(folder / name) for name in ("metrics.jsonl", "updates.jsonl")}
     tracking.replay(rows["metrics.jsonl"], rows["updates.jsonl"])
     files = sorted(path for path in folder.iterdir() if path.is_file())

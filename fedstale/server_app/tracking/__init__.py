@@ -58,9 +58,11 @@ def open_tracking(
     name: str,
     config: Mapping[str, Any],
     resumed_from: Path | None = None,
+    saving: bool = True,
 ) -> Tracking | None:
     """The run's trackers, opened (a resumed run continues the tracked runs of the folder
-    it resumes from); None when `tracking` names none."""
+    it resumes from; `saving`: keep tracking.json in `folder`); None when `tracking` names
+    none."""
     trackers = trackers_named(settings.tracking)
     if not trackers:
         return None
@@ -72,7 +74,7 @@ def open_tracking(
         config=parameters(config),
         tags=tags(config),
     )
-    tracking = Tracking(trackers)
+    tracking = Tracking(trackers, saving=saving)
     tracking.open(opening, previous(resumed_from))
     return tracking
 
